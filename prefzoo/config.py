@@ -1,0 +1,271 @@
+"""The typed configuration: every default lives here; ``conf/*.yaml`` files hold only what differs.
+
+Hydra composes ``conf/config.yaml`` over these dataclasses (registered in Hydra's ConfigStore), so a
+misspelt key or a value of the wrong type fails at composition; :func:`validate` then checks values
+(ranges, names, combinations) and raises :class:`~prefzoo.errors.ConfigError` before any model loads.
+
+Each algorithm's own settings are the dataclass its plugin declares (``Algorithm.config_class``),
+registered as ``schema/algo/<name>`` and used by ``conf/algo/<name>.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from prefzoo.algos import REGISTRY, get_algorithm
+from prefzoo.algos.base import ObjectiveSettings
+from prefzoo.errors import ConfigError
+from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = True
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names
+    modules_to_save: Optional[list[str]] = None  # e.g. [lm_head]; then the reference is a frozen copy
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2"  # smollm2 | tiny | a Hugging Face id | a local directory
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    quantization: str = "none"  # none | 4bit (nf4 via bitsandbytes; QLoRA)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    adapter_path: Optional[str] = None  # start from an already trained peft adapter
+    reference: str = "auto"  # auto | adapter_disabled | copy
+    gradient_checkpointing: bool = False
+    tiny_hidden_size: int = 64
+    tiny_layers: int = 2
+
+
+@dataclass
+class PairsConfig:
+    """How the built-in on-policy preference pairs are built from a prompt task (see prefzoo.data.pairs)."""
+
+    num_prompts: int = 256
+    samples_per_prompt: int = 6
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 48
+    batch_size: int = 16  # prompts per generate() call
+    eval_prompts: int = 64  # held-out prompts for the preference-accuracy pairs
+
+
+@dataclass
+class DataConfig:
+    name: str = "arithmetic"  # arithmetic | sentiment | file
+    path: Optional[str] = None  # a local JSONL/JSON/Parquet/CSV file or a Hugging Face dataset name
+    split: str = "train"
+    eval_split: Optional[str] = None  # None: hold out eval_fraction of the file
+    eval_fraction: float = 0.05
+    max_length: int = 256  # prompt + completion tokens
+    max_prompt_length: int = 128
+    on_bad_row: str = "error"  # error | skip
+    seed: int = 0
+    num_train: int = 2000  # generated tasks: problems in the train split
+    num_eval: int = 200  # generated tasks: held-out problems
+    digits: int = 2
+    ops: list[str] = field(default_factory=lambda: ["+"])
+    word_problems: bool = False
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+
+
+@dataclass
+class RewardConfig:
+    name: str = "arithmetic"
+    functions: list[str] = field(default_factory=lambda: ["correctness"])
+    weights: Optional[list[float]] = None
+    path: Optional[str] = None  # reward=model: directory of a reward model trained with algo=rm
+
+
+@dataclass
+class ObjectiveConfig:
+    beta: Optional[float] = None  # None: the algorithm's default (dpo 0.1, simpo 2.0, grpo 0.0, ppo 0.05)
+    divergence: str = "reverse_kl"  # reverse_kl | forward_kl | js | alpha (DPO family)
+    alpha: float = 0.5
+    kl_estimator: Optional[str] = None  # k1 | k2 | k3; None: the algorithm's default
+    kl_placement: Optional[str] = None  # in_reward | as_loss; None: the algorithm's default
+    kl_controller: str = "fixed"  # fixed | adaptive (Ziegler et al. 2019)
+    kl_target: Optional[float] = None  # nats per sequence, for the adaptive controller
+    kl_horizon: int = 10000
+    kl_budget: Optional[float] = None  # stop when the cumulative KL (nats) is spent
+
+
+@dataclass
+class RolloutConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+
+
+@dataclass
+class EvalConfig:
+    before: bool = True
+    after: bool = True
+    num_problems: int = 200  # held-out prompts for greedy task accuracy
+    max_new_tokens: int = 64
+    batch_size: int = 32
+    pass_k_problems: int = 50  # subset for pass@k (online algorithms, k = group size)
+    diversity_prompts: int = 16  # prompts x samples for distinct-n and entropy
+    diversity_samples: int = 4
+
+
+@dataclass
+class EarlyStoppingConfig:
+    metric: Optional[str] = None  # a key of the evaluation, e.g. eval/task_accuracy
+    mode: str = "max"
+    patience: int = 3
+    every: int = 0  # evaluate every N steps (0: never during training)
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 40
+    seed: int = 0
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 2
+    lr_schedule: str = "linear"  # linear | constant
+    batch_size: int = 4  # per step: preference pairs (offline) or prompts (online)
+    micro_batch_size: int = 4  # rows per forward/backward pass (gradient accumulation below batch size)
+    max_grad_norm: float = 1.0
+    log_every: int = 1
+    save_every: int = 20
+    resume: bool = False
+    progress: bool = True
+    tensorboard: bool = True
+    device: str = "auto"  # auto | cpu | cuda
+    num_threads: int = 0  # 0: torch's default
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+
+
+@dataclass
+class Config:
+    algo: Any = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+GROUP_SCHEMAS = {"model": ModelConfig, "data": DataConfig, "reward": RewardConfig,
+                 "objective": ObjectiveConfig, "trainer": TrainerConfig}
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (``base_config`` and ``schema/<group>/...``)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, node in GROUP_SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name="base", node=node)
+    for name, cls in REGISTRY.items():
+        cs.store(group="schema/algo", name=name, node=cls.config_class)
+
+
+def _choice(what: str, value, valid) -> None:
+    if value not in valid:
+        raise ConfigError(f"{what}={value!r} is not valid; choose one of: {', '.join(map(str, valid))}.")
+
+
+def _positive(what: str, value, allow_zero: bool = False) -> None:
+    if value is None or (value < 0 if allow_zero else value <= 0):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{what}={value} is invalid: it must be {bound}.")
+
+
+def validate(cfg: Config) -> Config:
+    """Check values and combinations; raise :class:`ConfigError` naming the key and the valid values."""
+    algo_cls = get_algorithm(cfg.algo.name)
+    o, t, d, m = cfg.objective, cfg.trainer, cfg.data, cfg.model
+    if o.beta is not None and o.beta < 0:
+        raise ConfigError(f"objective.beta={o.beta} is invalid: beta weighs the divergence penalty and must be "
+                          ">= 0 (0 disables it). Use e.g. objective.beta=0.1.")
+    _choice("objective.divergence", o.divergence, DIVERGENCES)
+    if o.divergence == "alpha" and not 0 < o.alpha < 1:
+        raise ConfigError(f"objective.alpha={o.alpha} is invalid: the alpha-divergence needs 0 < alpha < 1.")
+    if o.kl_estimator is not None:
+        _choice("objective.kl_estimator", o.kl_estimator, ESTIMATORS)
+    if o.kl_placement is not None:
+        _choice("objective.kl_placement", o.kl_placement, PLACEMENTS)
+    _choice("objective.kl_controller", o.kl_controller, ("fixed", "adaptive"))
+    if o.kl_controller == "adaptive":
+        if o.kl_target is None or o.kl_target <= 0:
+            raise ConfigError("objective.kl_controller=adaptive needs objective.kl_target > 0 (nats per sequence), "
+                              "e.g. objective.kl_target=2.0.")
+        _positive("objective.kl_horizon", o.kl_horizon)
+    if o.kl_budget is not None:
+        _positive("objective.kl_budget", o.kl_budget)
+    _choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
+    _choice("model.quantization", m.quantization, ("none", "4bit"))
+    _choice("model.reference", m.reference, ("auto", "adapter_disabled", "copy"))
+    if m.quantization == "4bit" and not m.lora.enabled:
+        raise ConfigError("model.quantization=4bit needs LoRA (QLoRA): 4-bit weights cannot be trained directly. "
+                          "Set model.lora.enabled=true or model.quantization=none.")
+    if m.lora.enabled:
+        _positive("model.lora.r", m.lora.r)
+    _choice("data.on_bad_row", d.on_bad_row, ("error", "skip"))
+    _positive("data.max_length", d.max_length)
+    _positive("data.max_prompt_length", d.max_prompt_length)
+    if d.max_prompt_length >= d.max_length:
+        raise ConfigError(f"data.max_prompt_length={d.max_prompt_length} must be smaller than data.max_length="
+                          f"{d.max_length}, or no room is left for the completion.")
+    _positive("trainer.max_steps", t.max_steps, allow_zero=True)
+    _positive("trainer.batch_size", t.batch_size)
+    _positive("trainer.micro_batch_size", t.micro_batch_size)
+    _positive("trainer.lr", t.lr, allow_zero=True)
+    _positive("trainer.save_every", t.save_every, allow_zero=True)
+    _positive("trainer.log_every", t.log_every)
+    _choice("trainer.lr_schedule", t.lr_schedule, ("linear", "constant"))
+    _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
+    _positive("rollout.temperature", cfg.rollout.temperature)
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1].")
+    _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
+    if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
+        raise ConfigError(f"reward.weights has {len(cfg.reward.weights)} entries but reward.functions has "
+                          f"{len(cfg.reward.functions)}; give one weight per function.")
+    check = getattr(algo_cls, "validate_config", None)
+    if check is not None:
+        check(cfg)
+    return cfg
+
+
+def to_typed(cfg: DictConfig) -> Config:
+    """Turn Hydra's composed DictConfig into the typed :class:`Config` and validate it.
+
+    Raises:
+        ConfigError: a value out of range, an unknown name, or an inconsistent combination.
+    """
+    if OmegaConf.is_missing(cfg, "algo") or "name" not in cfg.algo:
+        raise ConfigError(f"no algorithm chosen: add algo=<name>, one of {', '.join(sorted(REGISTRY))}.")
+    name = cfg.algo.name
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(REGISTRY))}.")
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except Exception as err:  # OmegaConf validation errors carry the key
+        raise ConfigError(f"invalid configuration: {err}") from err
+    return validate(typed)
+
+
+def resolve_objective(cfg: Config) -> ObjectiveSettings:
+    """The objective the plugin optimises, with nulls replaced by the algorithm's defaults."""
+    algo_cls = get_algorithm(cfg.algo.name)
+    o = cfg.objective
+    return ObjectiveSettings(
+        beta=algo_cls.default_beta if o.beta is None else float(o.beta),
+        divergence=o.divergence, alpha=o.alpha,
+        kl_estimator=o.kl_estimator or algo_cls.default_kl_estimator,
+        kl_placement=o.kl_placement or algo_cls.default_kl_placement,
+        kl_controller=o.kl_controller, kl_target=o.kl_target, kl_horizon=o.kl_horizon,
+    )

@@ -1,0 +1,136 @@
+"""Build the built-in on-policy preference set: the reference model's own samples, labelled by a verifier.
+
+For each prompt of a task (e.g. arithmetic problems), sample k completions from the reference model,
+score them with the task's reward (for arithmetic: is the final number right?), and keep the prompts
+whose samples disagree: the best-scored sample is ``chosen``, the worst ``rejected`` (ties broken at
+random, seeded). Rows are written in the standard conversational preference format, so the result is
+an ordinary dataset any preference algorithm (or a user's script) can read.
+
+Run once with ``python -m prefzoo.data.pairs`` (same overrides as ``train.py``); ``train.py`` builds it on
+first use and caches it under ``$PREFZOO_CACHE/pairs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from prefzoo.algos.base import SamplingParams
+from prefzoo.data.prompts import PromptSet
+
+log = logging.getLogger(__name__)
+
+
+def select_pair(scores: list[float], rng: random.Random) -> tuple[int, int] | None:
+    """Indices (chosen, rejected) of the best and worst scored samples, or None if all scores are equal."""
+    best, worst = max(scores), min(scores)
+    if best == worst:
+        return None
+    chosen = rng.choice([i for i, s in enumerate(scores) if s == best])
+    rejected = rng.choice([i for i, s in enumerate(scores) if s == worst])
+    return chosen, rejected
+
+
+@torch.no_grad()
+def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: SamplingParams, batch_size: int,
+                     seed: int, progress: bool = True) -> tuple[list[dict], dict]:
+    """Sample k completions per prompt and turn disagreeing groups into preference rows.
+
+    Args:
+        policy: anything with ``sample(PromptBatch, k, params)``, ``tokenizer`` and ``pad_id``.
+        prompts: the prompts, with the columns ``reward_fn`` needs and ``prompt`` messages in ``columns``.
+        reward_fn: ``(prompts, completions, **columns) -> list[float]``.
+
+    Returns:
+        (rows, stats): rows ``{prompt, chosen, rejected, chosen_reward, rejected_reward, <columns>}``;
+        stats with counts and the mean sample reward.
+    """
+    from tqdm.auto import tqdm
+
+    rng = random.Random(seed)
+    rows, rewards_all = [], []
+    tok = policy.tokenizer
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc=f"sampling {k} per prompt", disable=not progress, unit="batch"):
+        idx = list(range(start, min(start + batch_size, len(prompts))))
+        batch = prompts.batch(idx, policy.pad_id).to(policy.device)
+        samples = policy.sample(batch, k, params)
+        texts = tok.batch_decode(samples.completion_ids.masked_fill(~samples.completion_mask, policy.pad_id),
+                                 skip_special_tokens=True)
+        cols = {c: [v[i] for i in idx for _ in range(k)] for c, v in prompts.columns.items()}
+        prompt_texts = cols.pop("prompt_text", [prompts.texts[i] for i in idx for _ in range(k)])
+        scores = [float(s) for s in reward_fn(prompt_texts, texts, **cols)]
+        rewards_all += scores
+        truncated = samples.truncated.tolist()
+        for j, i in enumerate(idx):
+            group = list(range(j * k, (j + 1) * k))
+            # a chosen completion must have ended by itself; a truncated one may be rejected
+            g_scores = [scores[g] if not truncated[g] else min(scores) - 1 for g in group]
+            pick = select_pair(g_scores, rng)
+            if pick is None or texts[group[pick[0]]].strip() == texts[group[pick[1]]].strip():
+                continue
+            c, r = group[pick[0]], group[pick[1]]
+            row = {"prompt": prompts.columns["prompt"][i] if "prompt" in prompts.columns else prompts.texts[i],
+                   "chosen": [{"role": "assistant", "content": texts[c]}],
+                   "rejected": [{"role": "assistant", "content": texts[r]}],
+                   "chosen_reward": scores[c], "rejected_reward": scores[r]}
+            row.update({col: v[i] for col, v in prompts.columns.items() if col not in ("prompt", "prompt_text")})
+            rows.append(row)
+    stats = {"prompts": len(prompts), "samples": len(rewards_all), "pairs": len(rows),
+             "mean_sample_reward": sum(rewards_all) / max(1, len(rewards_all))}
+    return rows, stats
+
+
+def cache_key(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    tmp.rename(path)
+
+
+def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: PromptSet, eval_prompts: PromptSet,
+                        cache_root: Path, progress: bool = True) -> tuple[Path, Path, dict]:
+    """Paths of the cached train/eval pair files for this task and model, building them if absent.
+
+    Args:
+        cfg: the full config (``data``, ``data.pairs``, ``model.name``, ``reward`` are read).
+        build_policy: zero-argument callable returning the reference policy to sample from (called only
+            when the pairs must be built).
+    """
+    p = cfg.data.pairs
+    key = cache_key({"task": {k: getattr(cfg.data, k) for k in ("name", "seed", "num_train", "num_eval", "digits",
+                                                                  "ops", "word_problems", "max_prompt_length")},
+                     "pairs": vars(p) if not hasattr(p, "_content") else dict(p), "model": cfg.model.name,
+                     "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 1})
+    folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
+    train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
+    if train_path.is_file() and eval_path.is_file():
+        return train_path, eval_path, json.loads(stats_path.read_text()) if stats_path.is_file() else {}
+    policy = build_policy()
+    params = SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens)
+    start = time.perf_counter()
+    stats = {}
+    for name, prompts, n, path in (("train", train_prompts, p.num_prompts, train_path),
+                                   ("eval", eval_prompts, p.eval_prompts, eval_path)):
+        log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
+                 p.samples_per_prompt)
+        rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.samples_per_prompt, params,
+                                   p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress)
+        write_jsonl(path, rows)
+        stats[name] = s
+    stats["seconds"] = round(time.perf_counter() - start, 1)
+    stats_path.write_text(json.dumps(stats, indent=2))
+    log.info("built preference pairs in %.0f s: %s", stats["seconds"], stats)
+    return train_path, eval_path, stats

@@ -1,0 +1,101 @@
+"""Prompt sets for online algorithms (GRPO, PPO, best-of-n) and for task evaluation.
+
+A prompt set is a ``datasets.Dataset`` with a ``prompt`` column (a string, or a list of chat messages)
+and any other columns the reward functions need (e.g. ``answer``). Built-in generated tasks come from
+:mod:`prefzoo.data.tasks`; a user's own set from ``data.path`` (JSONL/JSON/Parquet/CSV or a hub name).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import datasets
+import torch
+
+from prefzoo.algos.base import PromptBatch
+from prefzoo.data.preference import load_table, pad_rows, prompt_text
+from prefzoo.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptSet:
+    """Tokenised prompts plus their other columns. N = prompts.
+
+    Attributes:
+        prompt_ids: N token-id lists (chat template applied, left-truncated to ``max_prompt_length``).
+        texts: N prompt strings as the model sees them.
+        columns: other columns, each a list of N values.
+    """
+
+    prompt_ids: list[list[int]]
+    texts: list[str]
+    columns: dict[str, list]
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def batch(self, indices: list[int], pad_id: int) -> PromptBatch:
+        ids, mask = pad_rows([self.prompt_ids[i] for i in indices], "left", pad_id)
+        cols = {k: [v[i] for i in indices] for k, v in self.columns.items()}
+        cols["prompt_text"] = [self.texts[i] for i in indices]
+        return PromptBatch(ids, mask, cols)
+
+    def subset(self, n: int) -> "PromptSet":
+        return PromptSet(self.prompt_ids[:n], self.texts[:n], {k: v[:n] for k, v in self.columns.items()})
+
+
+def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int | None, on_bad_row: str = "error",
+                     source: str = "dataset") -> PromptSet:
+    """Validate and tokenise a prompt table.
+
+    A prompt longer than ``max_prompt_length`` tokens is a bad row (online algorithms must see the whole
+    question; raise ``data.max_prompt_length`` to keep it).
+
+    Raises:
+        DataError: missing ``prompt`` column, a bad row (with ``on_bad_row="error"``), or no usable rows.
+    """
+    if "prompt" not in table.column_names:
+        raise DataError(f"{source} has no 'prompt' column (columns: {table.column_names}). Online algorithms need "
+                        "a prompt per row; rename the column or choose another data set.")
+    others = [c for c in table.column_names if c != "prompt"]
+    ids, texts, columns, bad = [], [], {c: [] for c in others}, []
+    for index, row in enumerate(table):
+        prompt = row["prompt"]
+        try:
+            if isinstance(prompt, str):
+                if not prompt.strip():
+                    raise ValueError("prompt is empty")
+            elif not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                                 for m in prompt)):
+                raise ValueError(f"prompt is {type(prompt).__name__}, expected a string or a list of messages")
+            text = prompt_text(tokenizer, prompt)
+            tok = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if max_prompt_length is not None and len(tok) > max_prompt_length:
+                raise ValueError(f"prompt has {len(tok)} tokens, more than data.max_prompt_length={max_prompt_length} "
+                                 "(raise data.max_prompt_length)")
+        except ValueError as err:
+            if on_bad_row != "skip":
+                raise DataError(f"{source}, row {index}: {err}. Fix the row, or set data.on_bad_row=skip.") from None
+            bad.append((index, str(err)))
+            continue
+        ids.append(tok)
+        texts.append(text)
+        for c in others:
+            columns[c].append(row[c])
+    if bad:
+        log.warning("%s: skipped %d bad prompts (data.on_bad_row=skip); first: row %d: %s", source, len(bad), *bad[0])
+    if not ids:
+        raise DataError(f"{source}: no usable prompts.")
+    return PromptSet(ids, texts, columns)
+
+
+def load_prompt_table(path: str, split: str) -> datasets.Dataset:
+    """A user's prompt set from a file or the hub (see :func:`prefzoo.data.preference.load_table`)."""
+    return load_table(path, split)
+
+
+def batch_to_device(batch: PromptBatch, device: torch.device) -> PromptBatch:
+    return PromptBatch(batch.prompt_ids.to(device), batch.prompt_mask.to(device), batch.columns)

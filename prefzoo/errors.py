@@ -1,0 +1,33 @@
+"""Typed errors raised by prefzoo.
+
+Every error the library raises on purpose is a :class:`PrefzooError`, so a caller can catch the
+library's complaints in one place. Each concrete error also derives from the built-in exception it
+specialises (``ValueError`` for bad input, ``RuntimeError`` for failures while running), so code that
+already catches those keeps working.
+
+Convention: a message says what was wrong (with the offending value) and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError"]
+
+
+class PrefzooError(Exception):
+    """Base class of every error prefzoo raises on purpose."""
+
+
+class ConfigError(PrefzooError, ValueError):
+    """A configuration value is invalid: unknown name, out-of-range number, inconsistent options."""
+
+
+class DataError(PrefzooError, ValueError):
+    """Input data is malformed: missing columns, empty splits, misaligned lists."""
+
+
+class RewardError(PrefzooError, RuntimeError):
+    """A reward function failed, or returned something other than one finite number per completion."""
+
+
+class ModelError(PrefzooError, RuntimeError):
+    """A model could not be loaded, converted or run as requested."""

@@ -1,0 +1,160 @@
+"""Evaluation shared by every algorithm, run before and after training on held-out data.
+
+Metrics (keys of the returned dict):
+
+* ``task_reward`` (+ ``_se``): mean reward of the greedy completion of each held-out prompt, under the
+  task's reward functions; ``task_accuracy`` (+ ``_se``): exact-match accuracy when the task has answers.
+* sampled metrics, from ``diversity_samples`` completions at temperature 1 for ``diversity_prompts``
+  prompts: ``sample_reward``, ``kl_k1`` and ``kl_k3`` (sequence KL(pi || pi_ref) estimates, nats, when a
+  reference is available), ``entropy`` (mean per-token entropy, nats), ``distinct_1`` / ``distinct_2``
+  (across samples of the same prompt), ``completion_length`` (tokens), ``max_repeat``.
+* ``pass_at_k``: fraction of problems with at least one correct sample among k (Chen et al. 2021).
+* ``preference_accuracy`` (+ ``_se``): held-out pairs whose implicit reward ranks chosen above rejected.
+
+Standard errors are binomial/normal: sqrt(var / n).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from prefzoo.algos.base import SamplingParams
+from prefzoo.data.preference import collate_preferences
+from prefzoo.evaluation.diversity import grouped_distinct_n, max_repeat_run
+from prefzoo.objective import kl_estimate
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / max(1, n - 1)
+    return mean, math.sqrt(var / n)
+
+
+class Evaluator:
+    """Held-out evaluation of a :class:`~prefzoo.models.policy.CausalLMPolicy`.
+
+    Args:
+        policy: the policy (its reference, if any, is used for the KL estimates).
+        reward_fn: the task's reward ``(prompts, completions, **columns) -> list[float]``.
+        prompts: held-out prompts (:class:`~prefzoo.data.prompts.PromptSet`), or None.
+        cfg: the ``eval`` config.
+        correctness_fn: exact-match function for ``task_accuracy`` when the prompts have answers, or None.
+        preference_examples: held-out preference pairs, or None.
+        algo: the plugin (for ``implicit_rewards`` on preference pairs).
+        group_size: k for pass@k (the online algorithms' group size), or 0 to skip.
+    """
+
+    def __init__(self, policy, reward_fn, prompts, cfg, *, correctness_fn=None, preference_examples=None, algo=None,
+                 group_size: int = 0, seed: int = 0):
+        self.policy, self.reward_fn, self.cfg = policy, reward_fn, cfg
+        self.prompts = prompts.subset(min(cfg.num_problems, len(prompts))) if prompts is not None else None
+        self.correctness_fn = correctness_fn
+        self.preference_examples = preference_examples
+        self.algo, self.group_size, self.seed = algo, group_size, seed
+
+    def _decode(self, samples) -> list[str]:
+        ids = samples.completion_ids.masked_fill(~samples.completion_mask, self.policy.pad_id)
+        return self.policy.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    def _generate(self, prompts, indices, k, params):
+        """(texts, prompt texts, columns, samples) for k samples of each prompt in ``indices``."""
+        out = []
+        for start in range(0, len(indices), max(1, self.cfg.batch_size // k)):
+            idx = indices[start:start + max(1, self.cfg.batch_size // k)]
+            batch = prompts.batch(idx, self.policy.pad_id).to(self.policy.device)
+            samples = self.policy.sample(batch, k, params)
+            cols = {c: [v[i] for i in range(len(idx)) for _ in range(k)] for c, v in batch.columns.items()}
+            out.append((self._decode(samples), cols.pop("prompt_text"), cols, samples))
+        return out
+
+    def _score(self, fn, prompt_texts, texts, cols) -> list[float]:
+        return [float(r) for r in fn(prompt_texts, texts, **cols)]
+
+    @torch.no_grad()
+    def task_metrics(self) -> dict:
+        params = SamplingParams(max_new_tokens=self.cfg.max_new_tokens, greedy=True)
+        rewards, correct, examples = [], [], []
+        for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(len(self.prompts))), 1, params):
+            rewards += self._score(self.reward_fn, prompt_texts, texts, cols)
+            if self.correctness_fn is not None:
+                correct += self._score(self.correctness_fn, prompt_texts, texts, cols)
+            examples += [{"prompt": p[-200:], "completion": t} for p, t in zip(prompt_texts, texts)][: 3 - len(examples)]
+        out = {"n_problems": len(rewards)}
+        out["task_reward"], out["task_reward_se"] = _mean_se(rewards)
+        if correct:
+            out["task_accuracy"], out["task_accuracy_se"] = _mean_se(correct)
+        out["greedy_examples"] = examples
+        return out
+
+    @torch.no_grad()
+    def sampled_metrics(self) -> dict:
+        k, n = self.cfg.diversity_samples, min(self.cfg.diversity_prompts, len(self.prompts))
+        params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
+        texts_all, rewards, kl1, kl3, ent, lengths = [], [], [], [], [], []
+        has_ref = getattr(self.policy, "reference", None) is not None
+        for texts, prompt_texts, cols, samples in self._generate(self.prompts, list(range(n)), k, params):
+            texts_all += texts
+            rewards += self._score(self.reward_fn, prompt_texts, texts, cols)
+            logps, entropy = self.policy.logps(samples, with_entropy=True)
+            mask = samples.completion_mask
+            ent += (entropy.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+            lengths += mask.sum(-1).tolist()
+            if has_ref:
+                log_ratio = (logps - self.policy.ref_logps(samples)).masked_fill(~mask, 0.0)
+                kl1 += (kl_estimate(log_ratio, "k1") * mask).sum(-1).tolist()
+                kl3 += (kl_estimate(log_ratio, "k3") * mask).sum(-1).tolist()
+        out = {"sample_reward": _mean_se(rewards)[0], "entropy": _mean_se(ent)[0],
+               "distinct_1": grouped_distinct_n(texts_all, k, 1), "distinct_2": grouped_distinct_n(texts_all, k, 2),
+               "completion_length": _mean_se(lengths)[0],
+               "max_repeat": _mean_se([float(max_repeat_run(t)) for t in texts_all])[0],
+               "sample_examples": texts_all[:: k][:3]}
+        if has_ref:
+            out["kl_k1"], out["kl_k1_se"] = _mean_se(kl1)
+            out["kl_k3"], out["kl_k3_se"] = _mean_se(kl3)
+        return out
+
+    @torch.no_grad()
+    def pass_at_k(self) -> dict:
+        k = self.group_size
+        n = min(self.cfg.pass_k_problems, len(self.prompts))
+        params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
+        solved = []
+        for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(n)), k, params):
+            c = self._score(self.correctness_fn, prompt_texts, texts, cols)
+            solved += [float(any(x > 0 for x in c[i:i + k])) for i in range(0, len(c), k)]
+        mean, se = _mean_se(solved)
+        return {f"pass_at_{k}": mean, f"pass_at_{k}_se": se}
+
+    @torch.no_grad()
+    def preference_metrics(self) -> dict:
+        wins = []
+        ex = self.preference_examples
+        for start in range(0, len(ex), self.cfg.batch_size // 2 or 1):
+            idx = list(range(start, min(start + (self.cfg.batch_size // 2 or 1), len(ex))))
+            batch = collate_preferences([ex[i] for i in idx], idx, self.policy.pad_id).to(self.policy.device)
+            chosen, rejected = self.algo.implicit_rewards(self.policy, batch)
+            wins += (chosen > rejected).float().tolist()
+        mean, se = _mean_se(wins)
+        return {"preference_accuracy": mean, "preference_accuracy_se": se, "n_pairs": len(wins)}
+
+    def run(self) -> dict:
+        """All metrics that apply; keys as in the module docstring."""
+        gen = torch.Generator(device=self.policy.device).manual_seed(self.seed)
+        saved, self.policy.generator = self.policy.generator, gen  # the same samples before and after training
+        try:
+            out = {}
+            if self.prompts is not None and len(self.prompts):
+                out.update(self.task_metrics())
+                out.update(self.sampled_metrics())
+                if self.group_size > 1 and self.correctness_fn is not None:
+                    out.update(self.pass_at_k())
+            if self.preference_examples and self.algo is not None and hasattr(self.algo, "implicit_rewards"):
+                out.update(self.preference_metrics())
+            return out
+        finally:
+            self.policy.generator = saved

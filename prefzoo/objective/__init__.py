@@ -1,0 +1,116 @@
+"""prefzoo.objective — the maths shared by every algorithm of the zoo.
+
+Every algorithm optimises (or approximates) J(pi) = E_{y~pi}[r] - beta * D(pi || pi_ref).
+This package holds the formulas, and nothing else: it imports only torch (no model, data or
+training loop), so the same code runs on a tabular policy in the tests and on a real model.
+
+Map (one idea per module):
+
+    errors.py       ObjectiveError (a ValueError) and the input checks that raise it
+    logprobs.py     logits -> per-token log-probs (float32, chunked), entropy, masked
+                    sum/mean/var, whitening (with a data-parallel all-reduce hook)
+    kl.py           KL estimators k1/k2/k3 (Schulman 2020), "in_reward" vs "as_loss" placement
+                    (which gradient each really follows: Liu et al. 2025), exact categorical KL
+    divergences.py  f-divergences (reverse KL, forward KL, JS, alpha) for f-DPO (Wang et al.
+                    2024): links f', implicit rewards, exact D_f, the regularised optimum
+    controllers.py  beta controllers: fixed, adaptive (Ziegler et al. 2019)
+    optimum.py      closed-form optimum pi* = pi_ref exp(r/beta) / Z and J* = beta log Z
+    advantages.py   group-relative advantages (GRPO / Dr. GRPO) and GAE (PPO)
+    surrogate.py    PPO clipped surrogate (with DAPO clip-higher) and clipped value loss
+    reduce.py       the one loss reduction (sequence/token mean, constant, example mean) with a
+                    global normaliser, exact under gradient accumulation and data parallelism
+
+Conventions (DESIGN.md): logps (B, T) float32, log_ratio = logps - ref_logps, bool masks with
+True = "this token counts", loss = -objective.
+"""
+
+from .advantages import ADVANTAGE_SCALES, gae, group_advantages
+from .controllers import (
+    KL_CONTROLLERS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    make_kl_controller,
+)
+from .divergences import (
+    DIVERGENCES,
+    FDivergence,
+    f_divergence,
+    get_divergence,
+    implicit_reward,
+    regularised_optimum,
+)
+from .errors import ObjectiveError
+from .kl import (
+    ESTIMATORS,
+    PLACEMENTS,
+    categorical_kl,
+    kl_estimate,
+    kl_loss,
+    kl_penalty_rewards,
+)
+from .logprobs import (
+    masked_logps,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    mean_logps,
+    sequence_logps,
+    token_entropy,
+    token_logps,
+)
+from .optimum import log_partition, optimal_policy, optimal_value, regularised_objective
+from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
+from .surrogate import clipped_surrogate_loss, clipped_value_loss
+
+__all__ = [
+    # errors
+    "ObjectiveError",
+    # logprobs
+    "token_logps",
+    "masked_logps",
+    "sequence_logps",
+    "mean_logps",
+    "token_entropy",
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    # kl
+    "ESTIMATORS",
+    "PLACEMENTS",
+    "kl_estimate",
+    "kl_penalty_rewards",
+    "kl_loss",
+    "categorical_kl",
+    # divergences
+    "DIVERGENCES",
+    "FDivergence",
+    "get_divergence",
+    "implicit_reward",
+    "f_divergence",
+    "regularised_optimum",
+    # controllers
+    "KL_CONTROLLERS",
+    "KLController",
+    "FixedKLController",
+    "AdaptiveKLController",
+    "make_kl_controller",
+    # optimum
+    "optimal_policy",
+    "log_partition",
+    "optimal_value",
+    "regularised_objective",
+    # advantages
+    "ADVANTAGE_SCALES",
+    "group_advantages",
+    "gae",
+    # surrogate
+    "clipped_surrogate_loss",
+    "clipped_value_loss",
+    # reduce
+    "AGGREGATIONS",
+    "loss_normaliser",
+    "aggregate_loss",
+]

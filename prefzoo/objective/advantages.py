@@ -1,0 +1,150 @@
+"""Advantages: group-relative (GRPO family) and generalised advantage estimation (PPO).
+
+- :func:`group_advantages`: one scalar per sampled completion, computed from the rewards of the
+  other completions of the same prompt (no value function).
+- :func:`gae`: per-token advantages and returns from per-token rewards and a value head,
+  over the completion tokens only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import (
+    ObjectiveError,
+    check_choice,
+    check_mask,
+    check_ndim,
+    check_number,
+    check_same_shape,
+)
+
+__all__ = ["ADVANTAGE_SCALES", "group_advantages", "gae"]
+
+ADVANTAGE_SCALES = ("group", "batch", "none")
+
+# Rewards of one group that differ by no more than this many units in the last place (of float32,
+# or of the input dtype if finer, relative to the group's largest magnitude) are treated as
+# equal: such differences are rounding noise, and dividing them by an equally tiny std would
+# blow them up to O(1). (bf16/fp16 rewards are judged at float32 resolution, so that distinct
+# low-precision values are never merged.)
+_EQUAL_ULPS = 8
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group",
+                     eps: float = 1e-4) -> torch.Tensor:
+    """Group-relative advantages: each reward minus the mean of its prompt's group, scaled.
+
+    ``rewards`` holds ``num_prompts * group_size`` sequence rewards; consecutive blocks of
+    ``group_size`` belong to one prompt. With mean_g and std_g the group's mean and UNBIASED
+    sample standard deviation (Bessel's correction, torch's default; the paper writes std(r)
+    without saying which):
+
+        scale="group":  A = (r - mean_g) / (std_g + eps)      (GRPO)
+        scale="batch":  A = (r - mean_g) / (std_B + eps)      std_B: unbiased std of all rewards
+        scale="none":   A = r - mean_g                        (Dr. GRPO)
+
+    Robustness: the centring is done in float64, and a group whose rewards differ by at most
+    8 ulps (of float32, or of float64 for float64 rewards; relative to the group's largest
+    magnitude) is treated as constant,
+    so a group of equal rewards gets advantages that are exactly 0 for any eps (e.g. eight
+    float32 rewards of 0.35, whose float32 std is ~3e-8, give exact zeros). A group of one has
+    no std and gets advantage 0; ``std_B`` of a batch of one is taken as 0.
+
+    Shape: rewards (B,) -> (B,) in rewards' (floating) dtype; B = num_prompts * group_size
+    sampled completions. Broadcast over the completion tokens by the caller.
+    Units: rewards' units for "none"; standard deviations (dimensionless) otherwise.
+
+    Raises:
+        ObjectiveError: rewards not 1-D or not floating point; rewards with NaN/inf (a host
+            sync); group_size not a positive int; B not divisible by group_size; unknown scale
+            (lists ADVANTAGE_SCALES); eps < 0.
+
+    Source: Shao et al. 2024, "DeepSeekMath", sec. 4.1.2 (outcome supervision: the normalised
+    reward is the advantage of every token), used in the GRPO objective eq. 3; Liu et al. 2025,
+    "Understanding R1-Zero-Like Training: A Critical Perspective" (Dr. GRPO: no std division).
+    """
+    check_ndim("rewards", rewards, 1, "(B,) — one reward per completion")
+    if not rewards.is_floating_point():
+        raise ObjectiveError(f"rewards must be floating point, got {rewards.dtype}; use .float()")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ObjectiveError(f"group_size must be a positive int, got {group_size!r}")
+    check_choice("scale", scale, ADVANTAGE_SCALES)
+    eps = check_number("eps", eps, low=0.0)
+    n = rewards.shape[0]
+    if n % group_size != 0:
+        raise ObjectiveError(
+            f"the batch has {n} rewards, which is not a multiple of group_size={group_size}; "
+            "rewards must hold num_prompts * group_size entries, grouped consecutively"
+        )
+    if not bool(torch.isfinite(rewards).all()):
+        raise ObjectiveError("rewards contain NaN or inf; check the reward function")
+
+    r = rewards.detach().double().view(-1, group_size)
+    centred = r - r.mean(dim=1, keepdim=True)
+    magnitude = r.abs().amax(dim=1, keepdim=True)
+    spread = r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)
+    resolution = torch.finfo(torch.promote_types(rewards.dtype, torch.float32)).eps
+    noise = _EQUAL_ULPS * resolution * magnitude
+    centred = torch.where(spread <= noise, torch.zeros_like(centred), centred)
+
+    if scale == "group":
+        std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
+        advantages = centred / (std + eps)
+    elif scale == "batch":
+        std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+        advantages = centred / (std + eps)
+    else:
+        advantages = centred
+    return advantages.reshape(-1).to(rewards.dtype)
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+        gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over the completion tokens of each row.
+
+    Only positions where ``mask`` is True are time steps. Walking backwards over each row,
+    with V_next the value at the NEXT VALID position of the same row (0 after the last one:
+    the episode ends there),
+
+        delta_t = r_t + gamma * V_next - V_t
+        A_t     = delta_t + gamma * lam * A_next          (A_next = 0 after the last)
+        R_t     = A_t + V_t                               (the value target, "returns")
+
+    Masked positions neither receive nor pass on anything (their rewards/values may be any
+    finite or non-finite garbage) and are exactly 0 in both outputs. Correct for any mask
+    (right padding is the usual layout, but holes are skipped too). Outputs are detached.
+
+    Shape: token_rewards (B, T), values (B, T), mask (B, T) bool -> (advantages (B, T),
+    returns (B, T)); B = sequences, T = completion token positions.
+    Units: reward units.
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool; gamma or lam outside [0, 1].
+
+    Source: Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
+    Advantage Estimation", eqs. 11-16 (delta_t^V and A^GAE(gamma, lambda) = sum_l
+    (gamma lambda)^l delta_{t+l}).
+    """
+    check_ndim("token_rewards", token_rewards, 2, "(B, T)")
+    check_same_shape("token_rewards", token_rewards, "values", values)
+    check_mask(mask, token_rewards, "token_rewards")
+    gamma = check_number("gamma", gamma, low=0.0, high=1.0)
+    lam = check_number("lam", lam, low=0.0, high=1.0)
+
+    with torch.no_grad():
+        dtype = torch.promote_types(token_rewards.dtype, values.dtype)
+        rewards_, values_ = token_rewards.to(dtype), values.to(dtype)
+        batch, length = rewards_.shape
+        zero = torch.zeros(batch, dtype=dtype, device=rewards_.device)
+        next_value, next_adv = zero, zero
+        advantages = torch.zeros_like(rewards_)
+        for t in reversed(range(length)):
+            valid = mask[:, t]
+            delta = rewards_[:, t] + gamma * next_value - values_[:, t]
+            adv_t = delta + gamma * lam * next_adv
+            advantages[:, t] = torch.where(valid, adv_t, zero)
+            next_value = torch.where(valid, values_[:, t], next_value)
+            next_adv = torch.where(valid, adv_t, next_adv)
+        returns = torch.where(mask, advantages + values_, torch.zeros_like(advantages))
+    return advantages, returns

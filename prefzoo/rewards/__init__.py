@@ -1,0 +1,31 @@
+"""Reward functions: ``fn(prompts, completions, **columns) -> list[float]``, one float per completion.
+
+Built-in: ``"correctness"`` and ``"format"`` (arithmetic, :mod:`prefzoo.rewards.arithmetic`),
+``"sentiment"`` (VADER, :mod:`prefzoo.rewards.sentiment`). :func:`make_reward` combines names,
+import paths ``"package.module:function"`` and callables into one checked, weighted
+:class:`CombinedReward` (:mod:`prefzoo.rewards.registry`).
+"""
+
+from prefzoo.rewards.arithmetic import correctness, extract_final_number, format_reward
+from prefzoo.rewards.registry import (
+    BUILTIN_REWARDS,
+    CombinedReward,
+    RewardFn,
+    make_reward,
+    resolve_reward,
+    reward_name,
+)
+from prefzoo.rewards.sentiment import sentiment
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "CombinedReward",
+    "RewardFn",
+    "correctness",
+    "extract_final_number",
+    "format_reward",
+    "make_reward",
+    "resolve_reward",
+    "reward_name",
+    "sentiment",
+]

@@ -1,0 +1,258 @@
+"""Finding reward functions by name, and combining several into one checked, weighted reward.
+
+A reward function is a plain callable
+
+    fn(prompts: list[str], completions: list[str], **columns) -> list[float]
+
+called on a batch of B samples: ``prompts[i]`` is the prompt text of sample i, ``completions[i]`` the
+generated text, and each column (``answer=[...]``, ``subject=[...]``) a list of B values aligned with
+them. It returns B finite floats, one per completion (higher is better). A function ignores the
+columns it does not need through ``**_``.
+
+:class:`CombinedReward` is what a trainer calls: it resolves the functions, calls each one, checks
+what came back, remembers each function's scores in ``last_components`` (for per-function metrics)
+and returns the weighted sum ``r_i = sum_j w_j * r_j(x_i, y_i)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from numbers import Real
+from typing import Any
+
+from prefzoo.errors import ConfigError, DataError, RewardError
+from prefzoo.rewards.arithmetic import correctness, format_reward
+from prefzoo.rewards.sentiment import sentiment
+
+__all__ = ["RewardFn", "BUILTIN_REWARDS", "resolve_reward", "reward_name", "CombinedReward", "make_reward"]
+
+RewardFn = Callable[..., list[float]]
+
+#: Built-in reward names -> functions.
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "correctness": correctness,
+    "format": format_reward,
+    "sentiment": sentiment,
+}
+
+_PREVIEW_CHARS = 80
+
+
+def _preview(text: Any) -> str:
+    text = str(text)
+    if len(text) > _PREVIEW_CHARS:
+        text = text[: _PREVIEW_CHARS - 3] + "..."
+    return repr(text)
+
+
+def _import_reward(spec: str) -> RewardFn:
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise ConfigError(
+            f"bad reward import path {spec!r}; write it as 'package.module:function'."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # ModuleNotFoundError, or an error raised while the module runs
+        raise ConfigError(
+            f"reward {spec!r}: could not import module {module_name!r} ({type(err).__name__}: {err}); "
+            f"check the module path and that its package is installed or on PYTHONPATH."
+        ) from err
+    obj: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(
+                f"reward {spec!r}: module {module_name!r} has no attribute {attr_path!r}; check the name "
+                f"after the ':'."
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(
+            f"reward {spec!r}: {attr_path!r} is not callable (it is {type(obj).__name__} {obj!r}); point "
+            f"the path at a function fn(prompts, completions, **columns) -> list[float]."
+        )
+    return obj
+
+
+def resolve_reward(spec: str | RewardFn) -> RewardFn:
+    """The reward function named by ``spec``.
+
+    Args:
+        spec: a built-in name (``"correctness"``, ``"format"``, ``"sentiment"``), an import path
+            ``"package.module:function"`` (the attribute may be dotted, ``"mod:Class.method"``), or a
+            callable (returned as is).
+
+    Raises:
+        ConfigError: an unknown name; an import path whose module cannot be imported, whose
+            attribute is missing, or which names something not callable; a spec of another type.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise ConfigError(
+            f"a reward must be a name, an import path 'package.module:function' or a callable; "
+            f"got {type(spec).__name__} {spec!r}."
+        )
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    if ":" in spec:
+        return _import_reward(spec)
+    raise ConfigError(
+        f"unknown reward {spec!r}; built-in rewards are {sorted(BUILTIN_REWARDS)}, or give an import "
+        f"path 'package.module:function'."
+    )
+
+
+def reward_name(spec: str | RewardFn) -> str:
+    """A short name for ``spec``, used as its key in ``CombinedReward.last_components`` and in metrics.
+
+    A built-in name stays as it is; an import path gives its last attribute ("pkg.mod:fn" -> "fn");
+    a callable gives its ``__name__`` (a ``functools.partial`` the wrapped function's, any other
+    object its class name).
+    """
+    if isinstance(spec, str):
+        return spec.rpartition(":")[2].rpartition(".")[2] if ":" in spec else spec
+    while isinstance(spec, functools.partial):
+        spec = spec.func
+    return getattr(spec, "__name__", type(spec).__name__)
+
+
+class CombinedReward:
+    """A weighted sum of reward functions, with every output checked.
+
+    Args:
+        functions: non-empty list of reward specs (see :func:`resolve_reward`).
+        weights: one finite weight per function; None weighs each by 1.0.
+
+    Attributes:
+        names: one name per function (:func:`reward_name`; repeats get a suffix "_2", "_3", ...).
+        weights: the weights, as floats.
+        last_components: name -> the B raw scores that function returned on the last call.
+
+    Calling it as ``reward(prompts, completions, **columns)`` returns B floats,
+    ``sum_j weights[j] * scores_j[i]``. Every function is called, also one with weight 0 (so its
+    metric is still recorded).
+
+    Raises:
+        ConfigError: (on construction) an empty or non-list ``functions``, an unresolvable spec, a
+            ``weights`` list of another length, or a weight that is not a finite number.
+        DataError: (on call) ``prompts``, ``completions`` or a list column differ in length.
+        RewardError: (on call) a function raised (chained), returned a wrong number of scores, or
+            returned a score that is not a finite number; the message names the function and, for a
+            bad score, the sample index and its completion (first 80 characters).
+    """
+
+    def __init__(self, functions: Sequence[str | RewardFn], weights: Sequence[float] | None = None) -> None:
+        if isinstance(functions, str) or callable(functions) or not isinstance(functions, Sequence):
+            raise ConfigError(
+                f"functions must be a list of reward specs, got {functions!r}; wrap a single one in a list."
+            )
+        if len(functions) == 0:
+            raise ConfigError(
+                f"functions is empty; give at least one reward, e.g. {sorted(BUILTIN_REWARDS)[0]!r}."
+            )
+        self.functions = [resolve_reward(spec) for spec in functions]
+        self.names = self._unique_names([reward_name(spec) for spec in functions])
+        if weights is None:
+            weights = [1.0] * len(self.functions)
+        if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+            raise ConfigError(f"weights must be a list of numbers, got {weights!r}.")
+        if len(weights) != len(self.functions):
+            raise ConfigError(
+                f"got {len(weights)} weights for {len(self.functions)} reward functions {self.names}; "
+                f"give one weight per function, or none for equal weights of 1.0."
+            )
+        for name, weight in zip(self.names, weights):
+            if isinstance(weight, bool) or not isinstance(weight, Real) or not math.isfinite(weight):
+                raise ConfigError(f"the weight of reward {name!r} is {weight!r}; use a finite number.")
+        self.weights = [float(w) for w in weights]
+        self.last_components: dict[str, list[float]] = {}
+        self.num_calls = 0
+
+    @staticmethod
+    def _unique_names(names: list[str]) -> list[str]:
+        seen: dict[str, int] = {}
+        unique = []
+        for name in names:
+            seen[name] = seen.get(name, 0) + 1
+            unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+        return unique
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
+        batch = len(completions)
+        if len(prompts) != batch:
+            raise DataError(
+                f"got {len(prompts)} prompts but {batch} completions; pass one prompt per completion "
+                f"(repeat a prompt for each of its samples)."
+            )
+        for key, column in columns.items():
+            if isinstance(column, (list, tuple)) and len(column) != batch:
+                raise DataError(
+                    f"column {key!r} has {len(column)} values but there are {batch} completions; "
+                    f"columns must be aligned with the completions (one value per sample)."
+                )
+        self.num_calls += 1
+        components = {}
+        for name, fn in zip(self.names, self.functions):
+            components[name] = self._call_one(name, fn, prompts, completions, columns)
+        self.last_components = components
+        totals = [0.0] * batch
+        for name, weight in zip(self.names, self.weights):
+            for i, score in enumerate(components[name]):
+                totals[i] += weight * score
+        return totals
+
+    def _call_one(self, name, fn, prompts, completions, columns) -> list[float]:
+        batch = len(completions)
+        where = f"on call {self.num_calls}, a batch of {batch} samples"
+        try:
+            scores = fn(list(prompts), list(completions), **columns)
+        except Exception as err:
+            first = f" starting with completion {_preview(completions[0])}" if batch else ""
+            raise RewardError(
+                f"reward function {name!r} raised {type(err).__name__}: {err} ({where}{first}); "
+                f"fix the function or remove it from the reward list."
+            ) from err
+        if hasattr(scores, "tolist"):  # numpy array or torch tensor
+            scores = scores.tolist()
+        if not isinstance(scores, (list, tuple)):
+            raise RewardError(
+                f"reward function {name!r} returned a {type(scores).__name__} ({where}); it must return a "
+                f"list of {batch} floats, one per completion."
+            )
+        if len(scores) != batch:
+            raise RewardError(
+                f"reward function {name!r} returned {len(scores)} scores, expected {batch} (one per "
+                f"completion, {where}); return exactly one float per completion."
+            )
+        checked = []
+        for i, score in enumerate(scores):
+            if isinstance(score, Real) and math.isfinite(score):
+                checked.append(float(score))
+                continue
+            problem = "a non-finite value" if isinstance(score, Real) else f"a non-number ({type(score).__name__})"
+            raise RewardError(
+                f"reward function {name!r} returned {problem} {score!r} for sample {i} ({where}), "
+                f"completion {_preview(completions[i])}; every score must be a finite float."
+            )
+        return checked
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}*{w:g}" for n, w in zip(self.names, self.weights))
+        return f"CombinedReward({parts})"
+
+
+def make_reward(
+    functions: Sequence[str | RewardFn] | str | RewardFn, weights: Sequence[float] | None = None
+) -> CombinedReward:
+    """A :class:`CombinedReward` of ``functions`` (a single spec is taken as a list of one).
+
+    Raises:
+        ConfigError: as :class:`CombinedReward`.
+    """
+    if isinstance(functions, str) or callable(functions):
+        functions = [functions]
+    return CombinedReward(functions, weights)

@@ -1,0 +1,140 @@
+"""Sampling completions from a causal LM: the rollout shared by GRPO, PPO, best-of-n and pair building.
+
+A lean decode loop over the model's KV cache: one prefill of the (left-padded) prompts, then one
+forward of one token per row per step, sampling with temperature and nucleus (top-p) filtering. It
+stops when every row has emitted an end-of-sequence token or ``max_new_tokens`` is reached. Compared
+with ``transformers``' ``generate`` it skips the generic logits-processor and stopping-criteria machinery
+(the tests check it picks the same greedy tokens) and returns the log-probability each token had when it
+was sampled.
+
+Layout of the result: completions right-padded with ``pad_id`` after the first EOS; the EOS itself is a
+completion token (it is what the policy chose); rows without EOS are marked ``truncated``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from prefzoo.algos.base import PromptBatch, SamplingParams, SequenceBatch
+
+
+def position_ids_from_mask(mask: Tensor) -> Tensor:
+    """Positions counting only real tokens, so left padding does not shift them. Shape (B, L) long."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (Holtzman et al. 2020).
+
+    Args:
+        logits: Shape (B, V), float32, already divided by the temperature.
+    Returns:
+        logits with the tokens outside the nucleus set to -inf (the most likely token always stays).
+    """
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_from(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One index per row drawn from ``probs`` (Shape (B, V), rows summing to ~1) by inverting the CDF.
+
+    Equivalent in distribution to ``torch.multinomial(probs, 1)`` but needs one uniform per row instead of
+    one exponential per vocabulary entry (a large share of decode time at V = 49,152 on a CPU).
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=probs.shape[-1] - 1)[:, 0]
+
+
+# transformers >= 5.2x names the KV cache argument and output field ``cache`` (``past_key_values`` before)
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+@torch.no_grad()
+def sample_completions(model, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
+                       eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None
+                       ) -> tuple[SequenceBatch, Tensor]:
+    """Sample ``num_samples`` completions for each prompt.
+
+    Each distinct prompt is run through the model once (prefill); its KV cache is then repeated for its
+    ``num_samples`` rows. Rows that have finished are dropped from the cache, so later decode steps only
+    pay for the rows still writing.
+
+    Args:
+        model: a causal LM taking ``input_ids, attention_mask, position_ids`` and a KV cache.
+        prompts: B prompts, left-padded.
+        num_samples: G completions per prompt; rows [i*G, (i+1)*G) of the result answer prompt i.
+        params: temperature, top_p, max_new_tokens, greedy.
+        eos_token_ids: ids that end a completion.
+        pad_id: id written after the end.
+        generator: random source for sampling (reproducible rollouts).
+
+    Returns:
+        (batch, sample_logps): the (B*G)-row :class:`SequenceBatch` (with ``prompt_index`` and ``truncated``),
+        and the log-probability of each sampled token under the temperature-scaled distribution the
+        sampler drew from before top-p filtering, Shape (B*G, C) float32, 0 after the end.
+    """
+    device = prompts.prompt_ids.device
+    n_prompts = prompts.prompt_ids.shape[0]
+    rows = n_prompts * num_samples
+    eos = torch.tensor(eos_token_ids, device=device)
+    position = position_ids_from_mask(prompts.prompt_mask)
+    out = model(input_ids=prompts.prompt_ids, attention_mask=prompts.prompt_mask.long(), position_ids=position,
+                use_cache=True, logits_to_keep=1)
+    cache = getattr(out, _CACHE)
+    if num_samples > 1:
+        cache.batch_repeat_interleave(num_samples)
+    logits = out.logits[:, -1].float().repeat_interleave(num_samples, dim=0)
+    attention = prompts.prompt_mask.long().repeat_interleave(num_samples, dim=0)
+    next_position = position[:, -1:].repeat_interleave(num_samples, dim=0) + 1
+    active = torch.arange(rows, device=device)
+    steps = params.max_new_tokens
+    tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
+    token_logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+    lengths = torch.full((rows,), steps, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    for t in range(steps):
+        if params.greedy:
+            logprobs = torch.log_softmax(logits, -1)
+            token = logits.argmax(-1)
+        else:
+            logits = logits / params.temperature
+            logprobs = torch.log_softmax(logits, -1)
+            token = sample_from(filter_top_p(logits, params.top_p).softmax(-1), generator)
+        tokens[active, t] = token
+        token_logps[active, t] = logprobs.gather(-1, token[:, None])[:, 0]
+        done = torch.isin(token, eos)
+        if bool(done.any()):
+            finished[active[done]] = True
+            lengths[active[done]] = t + 1
+            keep = (~done).nonzero()[:, 0]
+            if keep.numel() == 0:
+                break
+            cache.batch_select_indices(keep)
+            active, token = active[keep], token[keep]
+            attention, next_position = attention[keep], next_position[keep]
+        if t == steps - 1:
+            break
+        attention = torch.cat([attention, torch.ones(len(active), 1, dtype=attention.dtype, device=device)], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
+                    use_cache=True, **{_CACHE: cache})
+        logits = out.logits[:, -1].float()
+        next_position = next_position + 1
+    width = int(lengths.max()) if rows else 0
+    completion_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
+    batch = SequenceBatch(
+        prompt_ids=prompts.prompt_ids.repeat_interleave(num_samples, dim=0),
+        prompt_mask=prompts.prompt_mask.repeat_interleave(num_samples, dim=0),
+        completion_ids=tokens[:, :width].masked_fill(~completion_mask, pad_id), completion_mask=completion_mask,
+        prompt_index=torch.arange(n_prompts, device=device).repeat_interleave(num_samples),
+        truncated=~finished,
+    )
+    return batch, token_logps[:, :width].masked_fill(~completion_mask, 0.0)

@@ -1,0 +1,60 @@
+"""Where metrics go: ``metrics.jsonl`` (one JSON object per logged step), TensorBoard, and the progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLog:
+    """Appends step metrics to ``<run>/metrics.jsonl`` and TensorBoard (``<run>/tb``).
+
+    On resume, lines for steps after the checkpoint are dropped first, so the file reads like one
+    uninterrupted run.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
+        self.path = run_dir / "metrics.jsonl"
+        self.enabled = enabled
+        self.writer = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:  # tensorboard is a dependency, but keep training if it is broken
+                self.writer = None
+
+    def truncate_after(self, step: int) -> None:
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,156 @@
+"""Build a run's parts from the typed config: data, tokenizer, model, policy, reward, evaluator.
+
+Each part is built only if the algorithm needs it: no reference copy when the plugin declares none
+(with LoRA the adapter-disabled model still serves drift metrics for free), no value head unless
+``needs_value_head``, no preference pairs for online algorithms.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prefzoo.algos.base import Algorithm
+from prefzoo.config import Config
+from prefzoo.data.pairs import build_or_load_pairs
+from prefzoo.data.preference import PreferenceData, load_table, tokenize_preferences
+from prefzoo.data.prompts import PromptSet, tokenize_prompts
+from prefzoo.data.tasks import get_task
+from prefzoo.errors import ConfigError
+from prefzoo.models.loading import cache_dir, load_causal_lm, load_tokenizer
+from prefzoo.models.lora import bnb_4bit_config, wrap_trainable
+from prefzoo.models.policy import CausalLMPolicy
+from prefzoo.models.reference import make_reference
+from prefzoo.rewards import make_reward
+
+log = logging.getLogger(__name__)
+
+BUILTIN_TASKS = ("arithmetic", "sentiment")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu.")
+    return torch.device(name)
+
+
+def task_prompts(cfg: Config, tokenizer) -> tuple[PromptSet, PromptSet]:
+    """(train, held-out) prompt sets of the configured task or prompt file."""
+    d = cfg.data
+    if d.name in BUILTIN_TASKS:
+        kwargs = {"num_train": d.num_train, "num_eval": d.num_eval, "seed": d.seed}
+        if d.name == "arithmetic":
+            kwargs.update(digits=d.digits, ops=tuple(d.ops), word_problems=d.word_problems)
+        task = get_task(d.name, **kwargs)
+        train = tokenize_prompts(task.to_dataset("train"), tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.name} task")
+        held = tokenize_prompts(task.to_dataset("eval"), tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.name} eval")
+        return train, held
+    if not d.path:
+        raise ConfigError(f"data={d.name} needs data.path=<file or dataset name>.")
+    table = load_table(d.path, d.split)
+    if d.eval_split:
+        held_table = load_table(d.path, d.eval_split)
+    else:
+        parts = table.train_test_split(test_size=d.eval_fraction, seed=d.seed)
+        table, held_table = parts["train"], parts["test"]
+    return (tokenize_prompts(table, tokenizer, d.max_prompt_length, d.on_bad_row, d.path),
+            tokenize_prompts(held_table, tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.path} (held out)"))
+
+
+def preference_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | None, eval_prompts: PromptSet | None,
+                    device: torch.device) -> tuple[PreferenceData, dict]:
+    """Tokenised preference pairs: a user's file, or the built-in on-policy pairs of the task (built once)."""
+    d = cfg.data
+    stats: dict = {}
+    if d.name in BUILTIN_TASKS and not d.path:
+        def reference_policy():
+            gen = torch.Generator(device=device).manual_seed(d.seed)
+            model = build_base_model(cfg, tokenizer, device)
+            return CausalLMPolicy(model.eval(), tokenizer, generator=gen)
+
+        train_path, eval_path, stats = build_or_load_pairs(cfg, tokenizer, reference_policy, reward_fn, train_prompts,
+                                                           eval_prompts, cache_dir(), progress=cfg.trainer.progress)
+        train_table, eval_table = load_table(str(train_path)), load_table(str(eval_path))
+    else:
+        if not d.path:
+            raise ConfigError(f"data={d.name}: give data.path=<preference file or dataset name>.")
+        train_table = load_table(d.path, d.split)
+        if d.eval_split:
+            eval_table = load_table(d.path, d.eval_split)
+        else:
+            parts = train_table.train_test_split(test_size=d.eval_fraction, seed=d.seed)
+            train_table, eval_table = parts["train"], parts["test"]
+    tok = lambda t, name: tokenize_preferences(t, tokenizer, d.max_length, d.max_prompt_length, d.on_bad_row, name)  # noqa
+    return PreferenceData(tok(train_table, d.path or f"{d.name} pairs"), tok(eval_table, f"{d.path or d.name} held-out pairs")), stats
+
+
+def build_base_model(cfg: Config, tokenizer, device: torch.device):
+    """The un-adapted model in the configured dtype/quantisation, on ``device``."""
+    m = cfg.model
+    quant = bnb_4bit_config(torch.float32 if m.dtype == "float32" else getattr(torch, m.dtype)) \
+        if m.quantization == "4bit" else None
+    model = load_causal_lm(m.name, dtype=m.dtype, quantization_config=quant, seed=cfg.trainer.seed, tokenizer=tokenizer,
+                           tiny_kwargs={"hidden_size": m.tiny_hidden_size, "num_layers": m.tiny_layers},
+                           device_map={"": device.index or 0} if quant is not None and device.type == "cuda" else None)
+    return model if quant is not None else model.to(device)
+
+
+@dataclass
+class Built:
+    policy: CausalLMPolicy
+    model: torch.nn.Module
+    tokenizer: object
+    load_seconds: float
+
+
+def build_policy(cfg: Config, algo: Algorithm, tokenizer, device: torch.device) -> Built:
+    """The trainable policy with the reference (and value head) the algorithm needs."""
+    start = time.perf_counter()
+    m = cfg.model
+    model = build_base_model(cfg, tokenizer, device)
+    model = wrap_trainable(model, m.lora, quantized=m.quantization == "4bit", adapter_path=m.adapter_path,
+                           gradient_checkpointing=m.gradient_checkpointing)
+    model.train()
+    reference = None
+    if algo.needs_reference:
+        reference = make_reference(model, lora_enabled=m.lora.enabled, adapter_loaded=bool(m.adapter_path), mode=m.reference)
+    elif m.lora.enabled and not m.adapter_path and m.reference != "copy":
+        try:  # free: the adapter-disabled model, for drift metrics only
+            reference = make_reference(model, lora_enabled=True, adapter_loaded=False, mode="adapter_disabled")
+        except ConfigError:
+            reference = None
+    value_model = None
+    if algo.needs_value_head:
+        from prefzoo.models.value import build_value_model
+
+        value_model = build_value_model(cfg, model, device)
+    gen = torch.Generator(device=device).manual_seed(cfg.trainer.seed)
+    policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen)
+    return Built(policy, model, tokenizer, time.perf_counter() - start)
+
+
+def build_reward(cfg: Config):
+    """The task's combined reward function (``reward.functions`` weighted by ``reward.weights``)."""
+    if cfg.reward.name == "model":
+        from prefzoo.rewards.model import reward_model_function
+
+        return make_reward([reward_model_function(cfg.reward.path)], None)
+    return make_reward(list(cfg.reward.functions), list(cfg.reward.weights) if cfg.reward.weights else None)
+
+
+def correctness_function(cfg: Config, prompts: PromptSet | None):
+    """Exact-match function when the prompts carry an ``answer`` column, else None."""
+    if prompts is None or "answer" not in prompts.columns:
+        return None
+    from prefzoo.rewards.arithmetic import correctness
+
+    return correctness
+
+
+__all__ = ["Path", "build_policy", "build_reward", "task_prompts", "preference_data", "pick_device", "load_tokenizer"]

@@ -1,0 +1,96 @@
+"""Tests for prefzoo.objective.controllers (beta controllers)."""
+
+import json
+
+import pytest
+
+from prefzoo.objective import (
+    AdaptiveKLController,
+    FixedKLController,
+    ObjectiveError,
+    make_kl_controller,
+)
+
+
+def test_fixed_controller_never_changes():
+    c = FixedKLController(0.05)
+    c.update(kl=100.0, n_steps=1000)
+    c.update(kl=0.0, n_steps=1000)
+    assert c.beta == 0.05
+    assert FixedKLController(0.0).beta == 0.0  # beta = 0 (no KL) is allowed
+    with pytest.raises(ObjectiveError, match="beta"):
+        FixedKLController(-0.1)
+
+
+def test_adaptive_hand_numbers_clipped_up():
+    """beta = 0.1, target 6, kl = 12: e = 12/6 - 1 = 1, clipped to 0.2;
+    n_steps/horizon = 100/1000 = 0.1, so beta = 0.1 * (1 + 0.2 * 0.1) = 0.102."""
+    c = AdaptiveKLController(0.1, kl_target=6.0, horizon=1000)
+    c.update(kl=12.0, n_steps=100)
+    assert abs(c.beta - 0.102) < 1e-15
+
+
+def test_adaptive_hand_numbers_clipped_down_unclipped_and_at_target():
+    """kl = 3: e = -0.5 -> -0.2, beta = 0.1 * (1 - 0.02) = 0.098.
+    kl = 6.6: e = 0.1 (inside the clip), beta = 0.1 * (1 + 0.01) = 0.101.
+    kl = 6 (the target): e = 0, beta unchanged."""
+    down = AdaptiveKLController(0.1, 6.0, 1000)
+    down.update(3.0, 100)
+    assert abs(down.beta - 0.098) < 1e-15
+    mid = AdaptiveKLController(0.1, 6.0, 1000)
+    mid.update(6.6, 100)
+    assert abs(mid.beta - 0.101) < 1e-15
+    same = AdaptiveKLController(0.1, 6.0, 1000)
+    same.update(6.0, 100)
+    assert same.beta == 0.1
+
+
+def test_adaptive_change_is_bounded_by_the_clip_per_update():
+    c = AdaptiveKLController(1.0, 1.0, horizon=50)
+    for kl in (1e6, 0.0, 1e9, 1e-9):
+        before = c.beta
+        c.update(kl, n_steps=10)
+        assert abs(c.beta / before - 1) <= 0.2 * 10 / 50 + 1e-12
+
+
+def test_state_dict_round_trip_resumes_identically():
+    kls = [8.0, 7.0, 2.0, 6.5, 12.0, 5.0, 9.0, 1.0]
+    straight = AdaptiveKLController(0.2, 6.0, 500)
+    for kl in kls:
+        straight.update(kl, 64)
+
+    first = AdaptiveKLController(0.2, 6.0, 500)
+    for kl in kls[:4]:
+        first.update(kl, 64)
+    saved = json.loads(json.dumps(first.state_dict()))  # survives a checkpoint file
+    resumed = AdaptiveKLController(99.0, 1.0, 1.0)
+    resumed.load_state_dict(saved)
+    for kl in kls[4:]:
+        resumed.update(kl, 64)
+    assert resumed.beta == straight.beta
+    assert resumed.state_dict() == straight.state_dict()
+
+    fixed = FixedKLController(0.3)
+    other = FixedKLController(0.0)
+    other.load_state_dict(fixed.state_dict())
+    assert other.beta == 0.3
+
+
+def test_make_kl_controller_and_errors():
+    assert isinstance(make_kl_controller("fixed", 0.1), FixedKLController)
+    adaptive = make_kl_controller("adaptive", 0.1, kl_target=6.0, horizon=1000)
+    assert isinstance(adaptive, AdaptiveKLController) and adaptive.horizon == 1000
+    with pytest.raises(ObjectiveError, match="'fixed', 'adaptive'"):
+        make_kl_controller("pid", 0.1)
+    with pytest.raises(ObjectiveError, match="kl_target"):
+        make_kl_controller("adaptive", 0.1)
+    for bad in (dict(init_beta=0.0, kl_target=6.0, horizon=10),
+                dict(init_beta=0.1, kl_target=0.0, horizon=10),
+                dict(init_beta=0.1, kl_target=6.0, horizon=-1)):
+        with pytest.raises(ObjectiveError):
+            AdaptiveKLController(**bad)
+    c = AdaptiveKLController(0.1, 6.0, 10)
+    with pytest.raises(ObjectiveError, match="finite"):
+        c.update(float("nan"), 1)
+    with pytest.raises(ObjectiveError, match="keys"):
+        c.load_state_dict({"beta": 0.1})
