@@ -76,7 +76,7 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
             if pick is None or texts[group[pick[0]]].strip() == texts[group[pick[1]]].strip():
                 continue
             c, r = group[pick[0]], group[pick[1]]
-            row = {"prompt": prompts.columns["prompt"][i] if "prompt" in prompts.columns else prompts.texts[i],
+            row = {"prompt": prompts.raw[i] if prompts.raw is not None else prompts.texts[i],
                    "chosen": [{"role": "assistant", "content": texts[c]}],
                    "rejected": [{"role": "assistant", "content": texts[r]}],
                    "chosen_reward": scores[c], "rejected_reward": scores[r]}
@@ -113,7 +113,7 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     key = cache_key({"task": {k: getattr(cfg.data, k) for k in ("name", "seed", "num_train", "num_eval", "digits",
                                                                   "ops", "word_problems", "max_prompt_length")},
                      "pairs": vars(p) if not hasattr(p, "_content") else dict(p), "model": cfg.model.name,
-                     "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 1})
+                     "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 2})
     folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
     train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
     if train_path.is_file() and eval_path.is_file():
@@ -134,3 +134,32 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     stats_path.write_text(json.dumps(stats, indent=2))
     log.info("built preference pairs in %.0f s: %s", stats["seconds"], stats)
     return train_path, eval_path, stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m prefzoo.data.pairs [overrides]``: build (or find) the cached pairs and print where they are.
+
+    Takes the same overrides as ``train.py`` (e.g. ``data.pairs.num_prompts=512 reward=sentiment``).
+    """
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    from prefzoo.config import register_configs, to_typed
+    from prefzoo.models.loading import cache_dir, load_tokenizer
+    from prefzoo.training.setup import build_reward, pick_device, preference_data, task_prompts
+
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    register_configs()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = to_typed(compose("config", overrides=list(sys.argv[1:] if argv is None else argv)))
+    tokenizer = load_tokenizer(cfg.model.name)
+    train, held = task_prompts(cfg, tokenizer)
+    data, stats = preference_data(cfg, tokenizer, build_reward(cfg), train, held, pick_device(cfg.trainer.device))
+    print(json.dumps(stats, indent=2))
+    print(f"{len(data.train)} train pairs, {len(data.eval)} held-out pairs, cached in {cache_dir() / 'pairs'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -207,6 +207,11 @@ class PreferenceBatch(Batch):
     def __len__(self) -> int:
         return int(self.index.shape[0])
 
+    def num_tokens(self) -> int:
+        """Tokens the policy reads per pass: the prompt twice, chosen and rejected."""
+        return int(2 * self.chosen.prompt_mask.sum() + self.chosen.completion_mask.sum()
+                   + self.rejected.completion_mask.sum())
+
     def select(self, index) -> "PreferenceBatch":
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         if isinstance(index, list):

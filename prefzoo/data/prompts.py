@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 
 import datasets
-import torch
 
 from prefzoo.algos.base import PromptBatch
 from prefzoo.data.preference import load_table, pad_rows, prompt_text
@@ -28,11 +27,13 @@ class PromptSet:
         prompt_ids: N token-id lists (chat template applied, left-truncated to ``max_prompt_length``).
         texts: N prompt strings as the model sees them.
         columns: other columns, each a list of N values.
+        raw: the N prompts as given (strings or lists of chat messages).
     """
 
     prompt_ids: list[list[int]]
     texts: list[str]
     columns: dict[str, list]
+    raw: list = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -44,7 +45,8 @@ class PromptSet:
         return PromptBatch(ids, mask, cols)
 
     def subset(self, n: int) -> "PromptSet":
-        return PromptSet(self.prompt_ids[:n], self.texts[:n], {k: v[:n] for k, v in self.columns.items()})
+        return PromptSet(self.prompt_ids[:n], self.texts[:n], {k: v[:n] for k, v in self.columns.items()},
+                         self.raw[:n] if self.raw is not None else None)
 
 
 def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int | None, on_bad_row: str = "error",
@@ -61,7 +63,7 @@ def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int 
         raise DataError(f"{source} has no 'prompt' column (columns: {table.column_names}). Online algorithms need "
                         "a prompt per row; rename the column or choose another data set.")
     others = [c for c in table.column_names if c != "prompt"]
-    ids, texts, columns, bad = [], [], {c: [] for c in others}, []
+    ids, texts, raw, columns, bad = [], [], [], {c: [] for c in others}, []
     for index, row in enumerate(table):
         prompt = row["prompt"]
         try:
@@ -83,19 +85,16 @@ def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int 
             continue
         ids.append(tok)
         texts.append(text)
+        raw.append(prompt)
         for c in others:
             columns[c].append(row[c])
     if bad:
         log.warning("%s: skipped %d bad prompts (data.on_bad_row=skip); first: row %d: %s", source, len(bad), *bad[0])
     if not ids:
         raise DataError(f"{source}: no usable prompts.")
-    return PromptSet(ids, texts, columns)
+    return PromptSet(ids, texts, columns, raw)
 
 
 def load_prompt_table(path: str, split: str) -> datasets.Dataset:
     """A user's prompt set from a file or the hub (see :func:`prefzoo.data.preference.load_table`)."""
     return load_table(path, split)
-
-
-def batch_to_device(batch: PromptBatch, device: torch.device) -> PromptBatch:
-    return PromptBatch(batch.prompt_ids.to(device), batch.prompt_mask.to(device), batch.columns)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
+from tqdm.auto import tqdm
 
 from prefzoo.algos.base import SamplingParams
 from prefzoo.data.preference import collate_preferences
@@ -50,22 +51,23 @@ class Evaluator:
     """
 
     def __init__(self, policy, reward_fn, prompts, cfg, *, correctness_fn=None, preference_examples=None, algo=None,
-                 group_size: int = 0, seed: int = 0):
+                 group_size: int = 0, seed: int = 0, progress: bool = True):
         self.policy, self.reward_fn, self.cfg = policy, reward_fn, cfg
         self.prompts = prompts.subset(min(cfg.num_problems, len(prompts))) if prompts is not None else None
         self.correctness_fn = correctness_fn
         self.preference_examples = preference_examples
-        self.algo, self.group_size, self.seed = algo, group_size, seed
+        self.algo, self.group_size, self.seed, self.progress = algo, group_size, seed, progress
 
     def _decode(self, samples) -> list[str]:
         ids = samples.completion_ids.masked_fill(~samples.completion_mask, self.policy.pad_id)
         return self.policy.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    def _generate(self, prompts, indices, k, params):
+    def _generate(self, prompts, indices, k, params, desc: str):
         """(texts, prompt texts, columns, samples) for k samples of each prompt in ``indices``."""
         out = []
-        for start in range(0, len(indices), max(1, self.cfg.batch_size // k)):
-            idx = indices[start:start + max(1, self.cfg.batch_size // k)]
+        step = max(1, self.cfg.batch_size // k)
+        for start in tqdm(range(0, len(indices), step), desc=f"eval: {desc}", disable=not self.progress, leave=False):
+            idx = indices[start:start + step]
             batch = prompts.batch(idx, self.policy.pad_id).to(self.policy.device)
             samples = self.policy.sample(batch, k, params)
             cols = {c: [v[i] for i in range(len(idx)) for _ in range(k)] for c, v in batch.columns.items()}
@@ -79,7 +81,8 @@ class Evaluator:
     def task_metrics(self) -> dict:
         params = SamplingParams(max_new_tokens=self.cfg.max_new_tokens, greedy=True)
         rewards, correct, examples = [], [], []
-        for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(len(self.prompts))), 1, params):
+        for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(len(self.prompts))), 1, params,
+                                                                   "greedy answers"):
             rewards += self._score(self.reward_fn, prompt_texts, texts, cols)
             if self.correctness_fn is not None:
                 correct += self._score(self.correctness_fn, prompt_texts, texts, cols)
@@ -97,7 +100,7 @@ class Evaluator:
         params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
         texts_all, rewards, kl1, kl3, ent, lengths = [], [], [], [], [], []
         has_ref = getattr(self.policy, "reference", None) is not None
-        for texts, prompt_texts, cols, samples in self._generate(self.prompts, list(range(n)), k, params):
+        for texts, prompt_texts, cols, samples in self._generate(self.prompts, list(range(n)), k, params, "samples"):
             texts_all += texts
             rewards += self._score(self.reward_fn, prompt_texts, texts, cols)
             logps, entropy = self.policy.logps(samples, with_entropy=True)
@@ -124,7 +127,7 @@ class Evaluator:
         n = min(self.cfg.pass_k_problems, len(self.prompts))
         params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
         solved = []
-        for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(n)), k, params):
+        for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(n)), k, params, f"pass@{k}"):
             c = self._score(self.correctness_fn, prompt_texts, texts, cols)
             solved += [float(any(x > 0 for x in c[i:i + k])) for i in range(0, len(c), k)]
         mean, se = _mean_se(solved)

@@ -50,8 +50,13 @@ def sample_from(probs: Tensor, generator: torch.Generator | None = None) -> Tens
     one exponential per vocabulary entry (a large share of decode time at V = 49,152 on a CPU).
     """
     cdf = probs.cumsum(-1)
+    total = cdf[:, -1:]
     u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
-    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=probs.shape[-1] - 1)[:, 0]
+    # The first index whose cumulative mass EXCEEDS u * total (right=True): a zero-probability token has a
+    # flat cdf step and is never chosen, even for u = 0 (which torch.rand returns once in 2^24 draws); the
+    # minimum keeps the target below the total mass after rounding, so trailing zero tokens are skipped too.
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).clamp(max=probs.shape[-1] - 1)[:, 0]
 
 
 # transformers >= 5.2x names the KV cache argument and output field ``cache`` (``past_key_values`` before)

@@ -37,11 +37,11 @@ from prefzoo.config import Config, resolve_objective
 from prefzoo.data.preference import collate_preferences
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.models.loading import load_tokenizer
-from prefzoo.objective import aggregate_loss
 from prefzoo.training.checkpoint import (latest_checkpoint, load_trainer_state, load_weights, rng_state,
                                          save_checkpoint, save_weights, set_rng_state)
 from prefzoo.training.metrics_log import MetricsLog
 from prefzoo.training.sampler import IndexSampler
+from prefzoo.training.step import accumulate_gradients  # noqa: F401  (re-exported: it lives in step.py)
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_policy, build_reward, correctness_function, pick_device, preference_data,
                                     task_prompts)
@@ -64,37 +64,6 @@ def lr_lambda(schedule: str, warmup: int, total: int):
             return 1.0
         return max(0.0, (total - step) / max(1, total - warmup))
     return f
-
-
-def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size: int, all_reduce=None,
-                         loss_scale: float = 1.0) -> dict[str, float]:
-    """Backpropagate the loss of ``batch`` through micro-batches, normalised over the whole batch.
-
-    Args:
-        all_reduce: callable summing a tensor over data-parallel processes (None: one process).
-        loss_scale: multiplies each micro-batch loss (the number of processes under DDP, which averages).
-
-    Returns:
-        metrics averaged over micro-batches (weighted by rows), plus ``loss`` (the batch's total loss).
-    """
-    micros = batch.chunks(micro_batch_size)
-    normaliser = torch.tensor(float(sum(algo.normaliser(m) for m in micros)))
-    if all_reduce is not None:
-        normaliser = all_reduce(normaliser)
-    sums: dict[str, float] = defaultdict(float)
-    rows = 0
-    total = 0.0
-    for m in micros:
-        out = algo.loss(policy, m)
-        loss = aggregate_loss(out.values, out.mask, algo.aggregation, float(normaliser))
-        (loss * loss_scale).backward()
-        total += float(loss.detach())
-        for k, v in out.metrics.items():
-            sums[k] += float(v) * len(m)
-        rows += len(m)
-    metrics = {k: v / max(1, rows) for k, v in sums.items()}
-    metrics["loss"] = total
-    return metrics
 
 
 class Trainer:
@@ -124,8 +93,7 @@ class Trainer:
         self.policy, self.model, self.load_seconds = built.policy, built.model, built.load_seconds
         n_rows = len(self.prefs.train) if self.prefs is not None else len(self.train_prompts)
         self.sampler = IndexSampler(n_rows, t.batch_size, t.seed)
-        if hasattr(self.algo, "prepare"):
-            self.algo.prepare(self.policy, self)
+        self.ref_cache = self.precompute_reference() if getattr(cfg.algo, "precompute_ref_logps", False) else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.policy.value_model is not None:
             self.params += [p for p in self.policy.value_model.parameters() if p.requires_grad
@@ -140,7 +108,8 @@ class Trainer:
         self.evaluator = Evaluator(self.policy, self.reward_fn, self.eval_prompts, cfg.eval,
                                    correctness_fn=correctness_function(cfg, self.eval_prompts),
                                    preference_examples=self.prefs.eval if self.prefs else None, algo=self.algo,
-                                   group_size=getattr(self.algo.cfg, "num_generations", 0), seed=t.seed)
+                                   group_size=getattr(self.algo.cfg, "num_generations", 0), seed=t.seed,
+                                   progress=t.progress)
         self.metrics_log = MetricsLog(self.run_dir, tensorboard=t.tensorboard)
         self.step = 0
         self.cumulative_kl = 0.0
@@ -152,7 +121,20 @@ class Trainer:
             prompts = self.train_prompts.batch(idx, self.policy.pad_id).to(self.device)
             return self.algo.make_experience(self.policy, prompts, self.scorer, self.sampling)
         examples = [self.prefs.train[i] for i in idx]
-        return collate_preferences(examples, idx, self.policy.pad_id, getattr(self.algo, "ref_cache", None)).to(self.device), {}
+        return collate_preferences(examples, idx, self.policy.pad_id, self.ref_cache).to(self.device), {}
+
+    @torch.no_grad()
+    def precompute_reference(self) -> dict[int, tuple[float, float]]:
+        """Summed reference log-probs of every training pair, computed once (``algo.precompute_ref_logps``)."""
+        cache: dict[int, tuple[float, float]] = {}
+        size = self.cfg.trainer.micro_batch_size
+        for start in tqdm(range(0, len(self.prefs.train), size), desc="reference log-probs",
+                          disable=not self.cfg.trainer.progress):
+            idx = list(range(start, min(start + size, len(self.prefs.train))))
+            batch = collate_preferences([self.prefs.train[i] for i in idx], idx, self.policy.pad_id).to(self.device)
+            chosen, rejected = self.algo.reference_logps(self.policy, batch)
+            cache.update({i: (float(c), float(r)) for i, c, r in zip(idx, chosen.tolist(), rejected.tolist())})
+        return cache
 
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -255,6 +237,8 @@ class Trainer:
         if self.step and (not t.save_every or self.step % t.save_every):
             self.save()
         weights = save_weights(self.model, self.run_dir)
+        if hasattr(self.algo, "save"):  # a plugin that leaves a model of its own (algo=rm: the reward model)
+            self.algo.save(self.run_dir, self.policy)
         after = None
         if cfg.eval.after and t.max_steps:
             after = self.evaluate("after")

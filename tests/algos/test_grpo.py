@@ -1,0 +1,150 @@
+"""GRPO plugin: experience layout, importance ratio, KL placement, aggregation, and no reference at beta = 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefzoo.algos.base import ObjectiveSettings, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.algos.grpo import GRPO, GRPOConfig, GRPOExperience
+
+
+class TwoTokenPolicy:
+    """A policy over completions of length <= 3 from a 5-token vocabulary: logits are a parameter table
+    indexed by position, so log-probs are independent of the prompt (enough to test the plugin's maths)."""
+
+    def __init__(self, seed: int = 0, with_reference: bool = True):
+        g = torch.Generator().manual_seed(seed)
+        self.logits = torch.nn.Parameter(torch.randn(3, 5, generator=g))
+        self.ref = torch.randn(3, 5, generator=g)
+        self.reference = object() if with_reference else None
+        self.sampled = None
+
+    def _lp(self, table, batch, temperature):
+        lp = torch.log_softmax(table / temperature, -1)  # (3, 5)
+        c = batch.completion_ids.shape[1]
+        out = lp[torch.arange(c)][None].expand(len(batch), c, 5).gather(-1, batch.completion_ids[..., None])[..., 0]
+        return out.masked_fill(~batch.completion_mask, 0.0)
+
+    def logps(self, batch, temperature=1.0, with_entropy=False):
+        ent = None
+        if with_entropy:
+            p = torch.softmax(self.logits.detach() / temperature, -1)
+            ent = (-(p * p.log()).sum(-1))[: batch.completion_ids.shape[1]][None].expand(len(batch), -1)
+            ent = ent.masked_fill(~batch.completion_mask, 0.0)
+        return self._lp(self.logits, batch, temperature), ent
+
+    def ref_logps(self, batch, temperature=1.0):
+        return self._lp(self.ref, batch, temperature).detach()
+
+    def sample(self, prompts, n, params):
+        g = torch.Generator().manual_seed(1)
+        b = prompts.prompt_ids.shape[0] * n
+        ids = torch.randint(0, 5, (b, 3), generator=g)
+        lengths = torch.tensor([3, 2, 1, 3] * (b // 4 + 1))[:b]
+        mask = torch.arange(3)[None] < lengths[:, None]
+        self.sampled = SequenceBatch(prompts.prompt_ids.repeat_interleave(n, 0), prompts.prompt_mask.repeat_interleave(n, 0),
+                                     ids.masked_fill(~mask, 0), mask, torch.arange(prompts.prompt_ids.shape[0]).repeat_interleave(n),
+                                     lengths == 3)
+        return self.sampled
+
+
+def make(beta=0.0, estimator="k3", placement="as_loss", **cfg):
+    return GRPO(GRPOConfig(**cfg), ObjectiveSettings(beta=beta, kl_estimator=estimator, kl_placement=placement))
+
+
+PROMPTS = PromptBatch(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool), {})
+
+
+def fixed_scores(values):
+    return lambda samples, prompts: torch.tensor(values, dtype=torch.float32)
+
+
+def test_advantages_are_group_relative_and_broadcast_per_completion():
+    """Group [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3); advantages +-0.5/sqrt(1/3) = +-0.866 (eps aside).
+    Group [0, 0, 0, 0]: all equal -> exactly 0."""
+    algo = make(num_generations=4)
+    exp, m = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 0, 0, 0]), SamplingParams())
+    expected = 0.5 / (torch.tensor(1 / 3).sqrt() + 1e-4)
+    assert torch.allclose(exp.advantages[:4], torch.tensor([1, -1, -1, 1]) * expected, atol=1e-6)
+    assert torch.equal(exp.advantages[4:], torch.zeros(4))
+    assert m["frac_zero_std_groups"] == 0.5
+    assert m["reward"] == pytest.approx(0.25)
+
+
+def test_single_iteration_ratio_is_exactly_one_and_loss_is_minus_advantage():
+    algo = make(num_generations=4)
+    policy = TwoTokenPolicy()
+    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    assert exp.old_logps is None
+    out = algo.loss(policy, exp)
+    assert out.metrics["ratio_mean"] == 1.0
+    expected = (-exp.advantages[:, None]).expand_as(out.values).masked_fill(~exp.completion_mask, 0.0)
+    assert torch.equal(out.values, expected)
+
+
+def test_multiple_iterations_store_old_logps_at_sampling_time():
+    algo = make(num_generations=4, num_iterations=2)
+    policy = TwoTokenPolicy()
+    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    assert torch.equal(exp.old_logps, policy.logps(exp)[0].detach())
+    with torch.no_grad():
+        policy.logits.add_(0.3)
+        policy.logits[0, 0] += 1.0
+    out = algo.loss(policy, exp)
+    assert out.metrics["ratio_mean"] != 1.0
+
+
+def test_beta_zero_needs_no_reference_and_beta_positive_does():
+    assert not make(beta=0.0).needs_reference
+    assert make(beta=0.04).needs_reference
+
+
+def test_kl_as_loss_adds_beta_times_k3_per_token():
+    """k3(rho) = exp(-rho) - 1 + rho with rho = logps - ref_logps; the loss gains beta * k3 on counted tokens."""
+    beta = 0.5
+    policy = TwoTokenPolicy()
+    with_kl, without = make(beta=beta, num_generations=4), make(beta=0.0, num_generations=4)
+    scores = fixed_scores([1, 0, 0, 1, 0, 1, 0, 0])
+    exp, _ = with_kl.make_experience(policy, PROMPTS, scores, SamplingParams())
+    rho = policy.logps(exp)[0].detach() - exp.ref_logps
+    k3 = (torch.exp(-rho) - 1 + rho).masked_fill(~exp.completion_mask, 0.0)
+    diff = with_kl.loss(policy, exp).values - without.loss(policy, exp).values
+    assert torch.allclose(diff, beta * k3, atol=1e-6)
+
+
+def test_kl_in_reward_shifts_rewards_before_group_normalisation():
+    """In-reward k1: shaped reward = r - beta * sum_t rho_t; with scale=none the advantage is shaped - group mean."""
+    beta = 0.5
+    policy = TwoTokenPolicy()
+    algo = make(beta=beta, estimator="k1", placement="in_reward", num_generations=4, scale_rewards="none")
+    r = torch.tensor([1, 0, 0, 1, 0, 1, 0, 0], dtype=torch.float32)
+    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores(r.tolist()), SamplingParams())
+    rho = (policy.logps(exp)[0].detach() - exp.ref_logps).sum(-1)
+    shaped = (r - beta * rho).view(2, 4)
+    assert torch.allclose(exp.advantages, (shaped - shaped.mean(-1, keepdim=True)).flatten(), atol=1e-6)
+    out = algo.loss(policy, exp)
+    assert "kl_loss" not in out.metrics  # the KL is not also added as a loss
+
+
+@pytest.mark.parametrize("aggregation,expected", [("grpo", "sequence_mean"), ("dapo", "token_mean"), ("dr_grpo", "constant")])
+def test_loss_aggregation_names(aggregation, expected):
+    assert make(loss_aggregation=aggregation).aggregation == expected
+
+
+def test_mask_truncated_drops_rows_without_eos():
+    algo = make(num_generations=4, mask_truncated=True)
+    exp, _ = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    assert exp.truncated.any()
+    assert not exp.loss_mask[exp.truncated].any()
+    assert torch.equal(exp.loss_mask[~exp.truncated], exp.completion_mask[~exp.truncated])
+
+
+def test_experience_rows_select_together():
+    algo = make(num_generations=4, num_iterations=2)
+    exp, _ = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    sub = exp.select([5, 1])
+    assert isinstance(sub, GRPOExperience)
+    assert torch.equal(sub.advantages, exp.advantages[[5, 1]])
+    assert torch.equal(sub.old_logps, exp.old_logps[[5, 1]])
+    assert sub.temperature == exp.temperature
