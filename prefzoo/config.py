@@ -119,10 +119,11 @@ class EvalConfig:
 
 @dataclass
 class EarlyStoppingConfig:
-    metric: Optional[str] = None  # a key of the evaluation, e.g. eval/task_accuracy
-    mode: str = "max"
-    patience: int = 3
-    every: int = 0  # evaluate every N steps (0: never during training)
+    metric: Optional[str] = None  # a key of the held-out evaluation, e.g. task_accuracy or kl_k1
+    mode: str = "max"  # max | min
+    patience: int = 3  # evaluations without improvement before stopping
+    min_delta: float = 0.0
+    every: int = 10  # evaluate every N steps while training
 
 
 @dataclass
@@ -226,6 +227,10 @@ def validate(cfg: Config) -> Config:
     _positive("trainer.save_every", t.save_every, allow_zero=True)
     _positive("trainer.log_every", t.log_every)
     _choice("trainer.lr_schedule", t.lr_schedule, ("linear", "constant"))
+    if t.early_stopping.metric is not None:
+        _choice("trainer.early_stopping.mode", t.early_stopping.mode, ("max", "min"))
+        _positive("trainer.early_stopping.every", t.early_stopping.every)
+        _positive("trainer.early_stopping.patience", t.early_stopping.patience)
     _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
     _positive("rollout.temperature", cfg.rollout.temperature)
     if not 0 < cfg.rollout.top_p <= 1:

@@ -37,6 +37,7 @@ from prefzoo.config import Config, resolve_objective
 from prefzoo.data.preference import collate_preferences
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.models.loading import load_tokenizer
+from prefzoo.training.early_stopping import EarlyStopping
 from prefzoo.training.checkpoint import (latest_checkpoint, load_trainer_state, load_weights, rng_state,
                                          save_checkpoint, save_weights, set_rng_state)
 from prefzoo.training.metrics_log import MetricsLog
@@ -113,6 +114,8 @@ class Trainer:
         self.metrics_log = MetricsLog(self.run_dir, tensorboard=t.tensorboard)
         self.step = 0
         self.cumulative_kl = 0.0
+        es = t.early_stopping
+        self.early_stopping = EarlyStopping(es.metric, es.mode, es.patience, es.min_delta) if es.metric else None
 
     # ----------------------------------------------------------------- batches
     def next_batch(self) -> tuple[Batch, dict]:
@@ -172,6 +175,7 @@ class Trainer:
         return {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "algo": self.algo.state_dict(),
                 "rng": rng_state(self.policy.generator), "cumulative_kl": self.cumulative_kl,
+                "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
                 "value_model": self.policy.value_model.state_dict() if self.policy.value_model is not None else None}
 
     def maybe_resume(self) -> bool:
@@ -189,6 +193,8 @@ class Trainer:
         set_rng_state(state["rng"], self.policy.generator)
         self.step = state["step"]
         self.cumulative_kl = state.get("cumulative_kl", 0.0)
+        if self.early_stopping is not None and state.get("early_stopping"):
+            self.early_stopping.load_state_dict(state["early_stopping"])
         self.metrics_log.truncate_after(self.step)
         log.info("resumed from %s (step %d)", ckpt, self.step)
         return True
@@ -203,6 +209,16 @@ class Trainer:
         result["seconds"] = round(time.perf_counter() - start, 1)
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
         return result
+
+    def early_stop_check(self, metrics: dict) -> bool:
+        """Evaluate on held-out data (results added to ``metrics`` as ``eval/...``); keep the best weights in
+        ``best/``; True when the metric has not improved for ``patience`` evaluations."""
+        result = self.evaluate(f"step{self.step:06d}")
+        improved, stop = self.early_stopping.update(result, self.step)
+        metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
+        if improved:
+            save_weights(self.model, self.run_dir / "best")
+        return stop
 
     def run(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
@@ -224,7 +240,10 @@ class Trainer:
             if "kl" in last:
                 self.cumulative_kl += max(0.0, last["kl"])
                 last["cumulative_kl"] = self.cumulative_kl
-            if self.step % t.log_every == 0 or self.step == t.max_steps:
+            stop = False
+            if self.early_stopping is not None and self.step % t.early_stopping.every == 0:
+                stop = self.early_stop_check(last)
+            if self.step % t.log_every == 0 or self.step == t.max_steps or stop:
                 self.metrics_log.log(self.step, last)
             bar.update(1)
             bar.set_postfix({k: f"{last[k]:.3g}" for k in self.algo.progress_keys if k in last})
@@ -232,6 +251,9 @@ class Trainer:
                 self.save()
             if cfg.objective.kl_budget is not None and self.cumulative_kl >= cfg.objective.kl_budget:
                 stop_reason = "kl_budget"
+                break
+            if stop:
+                stop_reason = "early_stopping"
                 break
         bar.close()
         if self.step and (not t.save_every or self.step % t.save_every):
@@ -260,6 +282,8 @@ def make_summary(cfg, trainer, before, after, last, seconds, stop_reason, weight
         "wall_seconds": round(seconds, 1), "model_load_seconds": round(trainer.load_seconds, 1),
         "eval_before": strip(before), "eval_after": strip(after), "final_train_metrics": last,
         "data_stats": trainer.data_stats or None, "weights": str(weights),
+        "cumulative_kl": trainer.cumulative_kl,
+        "early_stopping": trainer.early_stopping.state_dict() if trainer.early_stopping else None,
     }
 
 
