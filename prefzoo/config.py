@@ -136,7 +136,7 @@ class TrainerConfig:
     lr_schedule: str = "linear"  # linear | constant
     batch_size: int = 4  # per step: preference pairs (offline) or prompts (online)
     micro_batch_size: int = 4  # rows per forward/backward pass (gradient accumulation below batch size)
-    max_grad_norm: float = 1.0
+    max_grad_norm: Optional[float] = 1.0  # null: no clipping
     log_every: int = 1
     save_every: int = 20
     resume: bool = False
@@ -214,7 +214,14 @@ def validate(cfg: Config) -> Config:
                           "Set model.lora.enabled=true or model.quantization=none.")
     if m.lora.enabled:
         _positive("model.lora.r", m.lora.r)
+        if not 0 <= m.lora.dropout < 1:
+            raise ConfigError(f"model.lora.dropout={m.lora.dropout} must be in [0, 1).")
     _choice("data.on_bad_row", d.on_bad_row, ("error", "skip"))
+    if not 0 < d.eval_fraction < 1:
+        raise ConfigError(f"data.eval_fraction={d.eval_fraction} must be in (0, 1): the share of a file held out.")
+    if d.pairs.samples_per_prompt < 2:
+        raise ConfigError(f"data.pairs.samples_per_prompt={d.pairs.samples_per_prompt}: a pair needs at least 2 samples "
+                          "per prompt.")
     _positive("data.max_length", d.max_length)
     _positive("data.max_prompt_length", d.max_prompt_length)
     if d.max_prompt_length >= d.max_length:
@@ -224,6 +231,9 @@ def validate(cfg: Config) -> Config:
     _positive("trainer.batch_size", t.batch_size)
     _positive("trainer.micro_batch_size", t.micro_batch_size)
     _positive("trainer.lr", t.lr, allow_zero=True)
+    if t.max_grad_norm is not None and t.max_grad_norm <= 0:
+        raise ConfigError(f"trainer.max_grad_norm={t.max_grad_norm} would scale every gradient to zero; give a "
+                          "positive norm, or trainer.max_grad_norm=null for no clipping.")
     _positive("trainer.save_every", t.save_every, allow_zero=True)
     _positive("trainer.log_every", t.log_every)
     _choice("trainer.lr_schedule", t.lr_schedule, ("linear", "constant"))

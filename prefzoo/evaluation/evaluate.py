@@ -9,7 +9,8 @@ Metrics (keys of the returned dict):
   reference is available), ``entropy`` (mean per-token entropy, nats), ``distinct_1`` / ``distinct_2``
   (across samples of the same prompt), ``completion_length`` (tokens), ``max_repeat``.
 * ``pass_at_k``: fraction of problems with at least one correct sample among k (Chen et al. 2021).
-* ``preference_accuracy`` (+ ``_se``): held-out pairs whose implicit reward ranks chosen above rejected.
+* ``preference_accuracy`` (+ ``_se``): held-out pairs whose implicit reward ranks chosen above rejected
+  (a tie counts one half: before DPO training every pair ties, which is chance, 0.5).
 
 Standard errors are binomial/normal: sqrt(var / n).
 """
@@ -141,7 +142,7 @@ class Evaluator:
             idx = list(range(start, min(start + (self.cfg.batch_size // 2 or 1), len(ex))))
             batch = collate_preferences([ex[i] for i in idx], idx, self.policy.pad_id).to(self.policy.device)
             chosen, rejected = self.algo.implicit_rewards(self.policy, batch)
-            wins += (chosen > rejected).float().tolist()
+            wins += ((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).tolist()  # a tie is a coin flip
         mean, se = _mean_se(wins)
         return {"preference_accuracy": mean, "preference_accuracy_se": se, "n_pairs": len(wins)}
 

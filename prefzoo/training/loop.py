@@ -152,7 +152,8 @@ class Trainer:
                 mb = batch.select(order[start:start + per_mb])
                 self.optimizer.zero_grad(set_to_none=True)
                 m = accumulate_gradients(self.algo, self.policy, mb, self.cfg.trainer.micro_batch_size)
-                m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.trainer.max_grad_norm))
+                clip = self.cfg.trainer.max_grad_norm
+                m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf")))
                 m["lr"] = self.scheduler.get_last_lr()[0]
                 self.optimizer.step()
                 self.scheduler.step()
