@@ -59,6 +59,8 @@ def preference_loss(margin: Tensor, beta: float, loss_type: str, label_smoothing
         ValueError: unknown loss type.
     """
     if loss_type == "sigmoid":
+        if not label_smoothing:  # (0 * logsigmoid(-margin) would be NaN for an infinite margin)
+            return -F.logsigmoid(margin)
         return -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)
     if loss_type == "ipo":
         return (margin / beta - 1 / (2 * beta)) ** 2
@@ -117,16 +119,21 @@ class DPO(Algorithm):
         return seq[: len(batch)], seq[len(batch):]
 
     def rewards(self, chosen_logps, rejected_logps, ref_chosen, ref_rejected) -> tuple[Tensor, Tensor]:
-        """Implicit rewards beta f'(pi/pi_ref) of chosen and rejected, Shape (B,) each."""
-        return (implicit_reward(chosen_logps - ref_chosen, self.beta, self.divergence),
-                implicit_reward(rejected_logps - ref_rejected, self.beta, self.divergence))
+        """Implicit rewards beta f'(pi/pi_ref) of chosen and rejected, Shape (B,) each, float64.
+
+        In float64 because the links of forward KL (-1/u = -exp(-log_ratio)) and alpha overflow float32 once a
+        sequence log-ratio falls below about -88 nats (a rejected answer DPO has pushed down): the loss and
+        its gradient would then be NaN. (float64 overflows below -709 nats.)
+        """
+        return (implicit_reward((chosen_logps - ref_chosen).double(), self.beta, self.divergence),
+                implicit_reward((rejected_logps - ref_rejected).double(), self.beta, self.divergence))
 
     def loss(self, policy: Policy, batch) -> LossOutput:
         ref_chosen, ref_rejected = self.reference_logps(policy, batch)
         chosen_logps, rejected_logps, _, _ = concatenated_logps(policy, batch.chosen, batch.rejected)
         chosen_rewards, rejected_rewards = self.rewards(chosen_logps, rejected_logps, ref_chosen, ref_rejected)
         margin = chosen_rewards - rejected_rewards
-        losses = preference_loss(margin, self.beta, self.cfg.loss_type, self.cfg.label_smoothing)
+        losses = preference_loss(margin, self.beta, self.cfg.loss_type, self.cfg.label_smoothing).float()
         with torch.no_grad():
             metrics = {
                 "rewards/chosen": chosen_rewards.mean().item(), "rewards/rejected": rejected_rewards.mean().item(),

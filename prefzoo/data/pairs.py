@@ -2,8 +2,8 @@
 
 For each prompt of a task (e.g. arithmetic problems), sample k completions from the reference model,
 score them with the task's reward (for arithmetic: is the final number right?), and keep the prompts
-whose samples disagree: the best-scored sample is ``chosen``, the worst ``rejected`` (ties broken at
-random, seeded). Rows are written in the standard conversational preference format, so the result is
+whose samples the verifier tells apart: ``chosen`` is a best-scored sample that ended by itself,
+``rejected`` a worst-scored one, and chosen must score strictly higher (ties broken at random, seeded). Rows are written in the standard conversational preference format, so the result is
 an ordinary dataset any preference algorithm (or a user's script) can read.
 
 Run once with ``python -m prefzoo.data.pairs`` (same overrides as ``train.py``); ``train.py`` builds it on
@@ -27,12 +27,19 @@ from prefzoo.data.prompts import PromptSet
 log = logging.getLogger(__name__)
 
 
-def select_pair(scores: list[float], rng: random.Random) -> tuple[int, int] | None:
-    """Indices (chosen, rejected) of the best and worst scored samples, or None if all scores are equal."""
-    best, worst = max(scores), min(scores)
-    if best == worst:
+def select_pair(scores: list[float], ended: list[bool], rng: random.Random) -> tuple[int, int] | None:
+    """Indices (chosen, rejected) of one group's samples, or None when the group holds no pair.
+
+    chosen: a best-scored sample among those that ended by themselves (EOS); rejected: a worst-scored sample
+    (ended or not); the verifier must strictly prefer chosen. Ties are broken at random (``rng``).
+    """
+    finished = [i for i, e in enumerate(ended) if e]
+    if not finished:
         return None
-    chosen = rng.choice([i for i, s in enumerate(scores) if s == best])
+    best, worst = max(scores[i] for i in finished), min(scores)
+    if best <= worst:
+        return None
+    chosen = rng.choice([i for i in finished if scores[i] == best])
     rejected = rng.choice([i for i, s in enumerate(scores) if s == worst])
     return chosen, rejected
 
@@ -67,13 +74,11 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         prompt_texts = cols.pop("prompt_text", [prompts.texts[i] for i in idx for _ in range(k)])
         scores = [float(s) for s in reward_fn(prompt_texts, texts, **cols)]
         rewards_all += scores
-        truncated = samples.truncated.tolist()
+        ended = (~samples.truncated).tolist()
         for j, i in enumerate(idx):
             group = list(range(j * k, (j + 1) * k))
-            # a chosen completion must have ended by itself; a truncated one may be rejected
-            g_scores = [scores[g] if not truncated[g] else min(scores) - 1 for g in group]
-            pick = select_pair(g_scores, rng)
-            if pick is None or texts[group[pick[0]]].strip() == texts[group[pick[1]]].strip():
+            pick = select_pair([scores[g] for g in group], [ended[g] for g in group], rng)
+            if pick is None:
                 continue
             c, r = group[pick[0]], group[pick[1]]
             row = {"prompt": prompts.raw[i] if prompts.raw is not None else prompts.texts[i],
@@ -113,7 +118,7 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     key = cache_key({"task": {k: getattr(cfg.data, k) for k in ("name", "seed", "num_train", "num_eval", "digits",
                                                                   "ops", "word_problems", "max_prompt_length")},
                      "pairs": vars(p) if not hasattr(p, "_content") else dict(p), "model": cfg.model.name,
-                     "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 2})
+                     "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 4})
     folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
     train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
     if train_path.is_file() and eval_path.is_file():

@@ -21,6 +21,7 @@ dropped and counted in one warning.
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ def load_table(path: str, split: str = "train") -> datasets.Dataset:
     if ext in FILE_BUILDERS:
         if not os.path.isfile(path):
             raise DataError(f"data.path={path!r}: no such file. Give an existing .jsonl/.json/.parquet/.csv file.")
-        return datasets.load_dataset(FILE_BUILDERS[ext], data_files=path, split="train")
+        extra = {"features": _csv_text_features(path)} if ext == ".csv" else {}
+        return datasets.load_dataset(FILE_BUILDERS[ext], data_files=path, split="train", **extra)
     if os.path.exists(path):
         if os.path.isdir(path):
             return datasets.load_dataset(path, split=split)
@@ -57,6 +59,14 @@ def load_table(path: str, split: str = "train") -> datasets.Dataset:
     except Exception as err:
         raise DataError(f"could not load the dataset {path!r} (split {split!r}): {err}. Give a local file or a "
                         "Hugging Face dataset name that is reachable or cached.") from err
+
+
+def _csv_text_features(path: str) -> datasets.Features:
+    """Every CSV column read as text: left to pandas, a completion "118" becomes the int 118 (then a bad
+    row) and "02" or "2.50" silently become 2 and 2.5."""
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    return datasets.Features({name: datasets.Value("string") for name in header})
 
 
 def _is_messages(value) -> bool:

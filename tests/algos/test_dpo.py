@@ -1,0 +1,301 @@
+"""Tests for the DPO plugin (prefzoo.algos.dpo): loss types, f-divergence links, gradients, reference log-probs.
+
+Most tests run the plugin on ``TablePolicy``, a stub whose per-token log-prob depends only on the token
+id (a table), so every expected number can be derived by hand in the docstrings. The gradient test
+runs the real tiny Llama in float64 against central finite differences.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prefzoo.algos.base import ObjectiveSettings, SequenceBatch
+from prefzoo.algos.dpo import DPO, DPOConfig, preference_loss
+from prefzoo.data.preference import PreferenceBatch, PreferenceExample, collate_preferences
+from prefzoo.models.lora import wrap_trainable
+from prefzoo.models.policy import CausalLMPolicy
+from prefzoo.models.reference import make_reference
+from tests.models.helpers import SPREAD, lora_settings, one_thread_fixture, tiny_model, tokenizer
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    yield from one_thread_fixture()
+
+
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+class TablePolicy:
+    """log pi(token) = policy[token], log pi_ref(token) = ref[token], whatever the prompt or position.
+
+    Counts the forward passes, so tests can check chosen and rejected share one.
+    """
+
+    def __init__(self, policy: dict[int, float], ref: dict[int, float] | None, vocab: int = 16):
+        self.theta = torch.zeros(vocab)
+        for t, v in policy.items():
+            self.theta[t] = v
+        self.theta.requires_grad_(True)
+        self.ref = None
+        if ref is not None:
+            self.ref = torch.zeros(vocab)
+            for t, v in ref.items():
+                self.ref[t] = v
+        self.reference = "table" if ref is not None else None
+        self.logps_calls = self.ref_calls = 0
+
+    def logps(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False):
+        self.logps_calls += 1
+        return self.theta[batch.completion_ids].masked_fill(~batch.completion_mask, 0.0), None
+
+    def ref_logps(self, batch: SequenceBatch, temperature: float = 1.0):
+        if self.ref is None:
+            raise AssertionError("the reference was used")
+        self.ref_calls += 1
+        return self.ref[batch.completion_ids].masked_fill(~batch.completion_mask, 0.0)
+
+
+#: policy log-probs per token; the reference gives every token log-prob -1.
+POLICY = {1: -0.5, 2: -1.0, 3: -2.0, 4: -0.25}
+REF = {t: -1.0 for t in range(1, 16)}
+
+
+def pairs(prompts=((5, 6), (7,))) -> PreferenceBatch:
+    """Pair A: chosen (1, 2), rejected (3, 4); pair B: chosen (3,), rejected (4, 4, 1).
+
+    Hand computation (reference log-prob -1 per token):
+      A: log pi(y_w) = -0.5 - 1 = -1.5, log pi_ref = -2 -> rho_w = +0.5
+         log pi(y_l) = -2 - 0.25 = -2.25, log pi_ref = -2 -> rho_l = -0.25;   h_A = rho_w - rho_l = 0.75
+      B: log pi(y_w) = -2, log pi_ref = -1 -> rho_w = -1
+         log pi(y_l) = -0.25 - 0.25 - 0.5 = -1, log pi_ref = -3 -> rho_l = +2;  h_B = -3
+    With beta = 0.1 the DPO margins are m = beta h: m_A = 0.075, m_B = -0.3.
+    """
+    examples = [PreferenceExample(list(prompts[0]), [1, 2], [3, 4]), PreferenceExample(list(prompts[1]), [3], [4, 4, 1])]
+    return collate_preferences(examples, [0, 1], pad_id=0)
+
+
+def dpo(loss_type="sigmoid", label_smoothing=0.0, beta=0.1, divergence="reverse_kl", alpha=0.5) -> DPO:
+    return DPO(DPOConfig(loss_type=loss_type, label_smoothing=label_smoothing),
+               ObjectiveSettings(beta=beta, divergence=divergence, alpha=alpha))
+
+
+def losses(algo: DPO, batch=None) -> torch.Tensor:
+    out = algo.loss(TablePolicy(POLICY, REF), batch if batch is not None else pairs())
+    assert out.mask is None and out.values.shape == (2,)
+    return out.values.detach()
+
+
+# ------------------------------------------------------------------------------------- loss types
+
+def test_sigmoid_loss_hand_values():
+    """-log sigma(m) = softplus(-m): A: log(1 + e^-0.075) = 0.656350; B: log(1 + e^0.3) = 0.854355."""
+    torch.testing.assert_close(losses(dpo("sigmoid")), torch.tensor([0.656350, 0.854355]), rtol=0, atol=1e-6)
+
+
+def test_label_smoothed_loss_hand_values():
+    """-(1-e) log sigma(m) - e log sigma(-m) = softplus(-m) + e m (since softplus(m) = m + softplus(-m)).
+    e = 0.1: A: 0.656350 + 0.0075 = 0.663850; B: 0.854355 - 0.03 = 0.824355."""
+    torch.testing.assert_close(losses(dpo("sigmoid", 0.1)), torch.tensor([0.663850, 0.824355]), rtol=0, atol=1e-6)
+
+
+def test_ipo_loss_hand_values():
+    """IPO (Azar et al. 2023, eq. 17) regresses h = rho_w - rho_l to 1/(2 beta) = 5:
+    A: (0.75 - 5)^2 = 18.0625; B: (-3 - 5)^2 = 64."""
+    torch.testing.assert_close(losses(dpo("ipo")), torch.tensor([18.0625, 64.0]), rtol=1e-6, atol=1e-5)
+
+
+def test_hinge_loss_hand_values():
+    """SLiC hinge max(0, 1 - m): A: 1 - 0.075 = 0.925; B: 1 + 0.3 = 1.3; a margin above 1 gives 0."""
+    torch.testing.assert_close(losses(dpo("hinge")), torch.tensor([0.925, 1.3]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(losses(dpo("hinge", beta=2.0)), torch.tensor([0.0, 7.0]), rtol=0, atol=1e-6)
+
+
+def test_preference_loss_rejects_unknown_type():
+    with pytest.raises(ValueError, match="sigmoid"):
+        preference_loss(torch.zeros(1), 0.1, "nope")
+
+
+def test_metrics_hand_values():
+    """rewards are beta f'(pi/pi_ref) = beta (rho + 1) for reverse KL (the +beta cancels in margins):
+    chosen mean 0.1 * (1.5 + 0) / 2 = 0.075, rejected 0.1 * (0.75 + 3) / 2 = 0.1875, margins (0.075 - 0.3) / 2,
+    accuracy 1/2; logps/chosen (-1.5 - 2) / 2 = -1.75; log_ratio/rejected (-0.25 + 2) / 2 = 0.875."""
+    m = dpo().loss(TablePolicy(POLICY, REF), pairs()).metrics
+    want = {"rewards/chosen": 0.075, "rewards/rejected": 0.1875, "rewards/margins": -0.1125,
+            "rewards/accuracies": 0.5, "logps/chosen": -1.75, "logps/rejected": -1.625,
+            "log_ratio/chosen": -0.25, "log_ratio/rejected": 0.875}
+    for k, v in want.items():
+        assert m[k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_chosen_and_rejected_share_one_forward_pass():
+    policy = TablePolicy(POLICY, REF)
+    dpo().loss(policy, pairs())
+    assert policy.logps_calls == 1 and policy.ref_calls == 1
+
+
+# ---------------------------------------------------------------------------------- f-divergences
+
+def test_reverse_kl_f_dpo_is_exactly_the_sigmoid_dpo_loss():
+    """On random log-probs, the plugin with objective=reverse_kl gives -log sigma(beta (rho_w - rho_l))
+    (Rafailov et al. 2023, eq. 7), computed here directly."""
+    g = torch.Generator().manual_seed(0)
+    algo = dpo(beta=0.3)
+    pw, pl, rw, rl = (-5 * torch.rand(64, generator=g, dtype=torch.float64) for _ in range(4))
+    cw, cl = algo.rewards(pw, pl, rw, rl)
+    got = preference_loss(cw - cl, algo.beta, "sigmoid")
+    want = -F.logsigmoid(0.3 * ((pw - rw) - (pl - rl)))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("divergence,link", [
+    ("forward_kl", lambda r: -math.exp(-r)),                                   # f'(u) = -1/u
+    ("js", lambda r: math.log(2 * math.exp(r) / (1 + math.exp(r)))),           # f'(u) = log(2u/(1+u))
+    ("alpha", lambda r: (1 - math.exp(-0.5 * r)) / 0.5),                       # f'(u) = (1 - u^-a)/a, a=0.5
+])
+def test_other_divergences_change_the_link_and_the_loss(divergence, link):
+    """Wang et al. 2024: the implicit reward is beta f'(pi/pi_ref), u = e^rho. Pair A has rho_w = 0.5,
+    rho_l = -0.25; pair B rho_w = -1, rho_l = 2 (see ``pairs``). E.g. forward KL, pair A:
+    m = 0.1 (-e^-0.5 + e^0.25) = 0.067749, loss softplus(-0.067749) = 0.659840 (reverse KL: 0.656350)."""
+    rho = [(0.5, -0.25), (-1.0, 2.0)]
+    want = torch.tensor([softplus(-0.1 * (link(w) - link(lo))) for w, lo in rho])
+    got = losses(dpo(divergence=divergence))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert (got - losses(dpo())).abs().max() > 1e-3  # differs from reverse KL
+
+
+@pytest.mark.parametrize("divergence", ["reverse_kl", "forward_kl", "js", "alpha"])
+def test_a_rejected_answer_pushed_far_down_gives_a_finite_loss_and_gradient(divergence):
+    """Token 5 has log-prob -101 under the policy and -1 under the reference: a rejected answer (5,) has
+    log-ratio -100 nats. Forward KL's link -1/u = -e^100 overflows float32 (e^88.7 is its limit), and
+    0 * log sigma(-inf) is NaN: the loss must stay finite (~0: the pair is won by a huge margin) and so must
+    its gradient."""
+    policy = TablePolicy({**POLICY, 5: -101.0}, REF)
+    batch = collate_preferences([PreferenceExample([6], [1, 2], [5])], [0], pad_id=0)
+    out = dpo(divergence=divergence).loss(policy, batch)
+    out.values.sum().backward()
+    assert torch.isfinite(out.values).all() and float(out.values) < 1e-3
+    assert torch.isfinite(policy.theta.grad).all()
+    assert out.values.dtype == torch.float32
+
+
+def test_label_smoothing_far_from_the_reference_hand_value():
+    """Same pair, reverse KL, eps = 0.1: m = 0.1 (0.5 + 100) = 10.05, loss softplus(-m) + eps m = 1.005043."""
+    policy = TablePolicy({**POLICY, 5: -101.0}, REF)
+    batch = collate_preferences([PreferenceExample([6], [1, 2], [5])], [0], pad_id=0)
+    out = dpo(label_smoothing=0.1).loss(policy, batch).values
+    assert float(out) == pytest.approx(softplus(-10.05) + 1.005, abs=1e-6)
+
+
+def test_held_out_preference_accuracy_counts_ties_as_half():
+    """Before training, DPO's policy IS its reference: every implicit reward is beta (log-ratio 0), so chosen
+    and rejected tie on every held-out pair: a coin flip, 0.5."""
+    from prefzoo.config import EvalConfig
+    from prefzoo.evaluation.evaluate import Evaluator
+
+    policy = lora_policy()
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.zero_()  # the starting policy
+    evaluator = Evaluator(policy, reward_fn=None, prompts=None, cfg=EvalConfig(), preference_examples=real_pairs(),
+                          algo=dpo())
+    assert evaluator.preference_metrics()["preference_accuracy"] == 0.5
+
+
+def test_alpha_parameter_is_used():
+    assert (losses(dpo(divergence="alpha", alpha=0.2)) - losses(dpo(divergence="alpha", alpha=0.8))).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------------------------- reference log-probs
+
+def test_precomputed_reference_logps_give_the_same_loss():
+    """Reference log-probs carried by the batch (algo.precompute_ref_logps) are used instead of a
+    reference forward, and give the same loss: here the hand values -2, -2 (A) and -1, -3 (B)."""
+    batch = pairs()
+    batch.ref_chosen_logps = torch.tensor([-2.0, -1.0])
+    batch.ref_rejected_logps = torch.tensor([-2.0, -3.0])
+    policy = TablePolicy(POLICY, ref=None)  # any reference forward would raise
+    out = dpo().loss(policy, batch).values.detach()
+    torch.testing.assert_close(out, losses(dpo()), rtol=0, atol=1e-7)
+
+
+def real_pairs():
+    rows = [([1, 100, 200], [300, 400, 2], [500, 2]), ([1, 7, 8, 9, 10, 11], [12, 2], [13, 14, 15, 16, 2]),
+            ([42], [43, 44, 45, 2], [46, 47, 2])]
+    return [PreferenceExample(p, c, r) for p, c, r in rows]
+
+
+def lora_policy(dtype=torch.float32, reference_mode="auto"):
+    torch.manual_seed(0)
+    model = wrap_trainable(tiny_model(initializer_range=SPREAD).to(dtype), lora_settings(), quantized=False,
+                           adapter_path=None, gradient_checkpointing=False)
+    with torch.no_grad():  # a policy that differs from its reference
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(n)))
+    ref = make_reference(model, lora_enabled=True, adapter_loaded=False, mode=reference_mode)
+    return CausalLMPolicy(model, tokenizer(), ref)
+
+
+def test_precomputed_reference_logps_equal_per_batch_ones_on_the_tiny_model():
+    """Reference log-probs computed once, one pair at a time (as a cache would), then carried by a batch of
+    three: same loss as the per-batch reference forward, to float32 precision."""
+    policy = lora_policy()
+    algo = dpo()
+    examples = real_pairs()
+    cache = {}
+    for i, e in enumerate(examples):
+        c, r = algo.reference_logps(policy, collate_preferences([e], [i], policy.pad_id))
+        cache[i] = (float(c), float(r))
+    per_batch = collate_preferences(examples, [0, 1, 2], policy.pad_id)
+    cached = collate_preferences(examples, [0, 1, 2], policy.pad_id, ref_logps=cache)
+    assert cached.ref_chosen_logps is not None
+    with torch.no_grad():
+        a, b = algo.loss(policy, per_batch).values, algo.loss(policy, cached).values
+    torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+    assert (a - math.log(2)).abs().max() > 1e-3  # policy != reference, so the test is not trivial
+
+
+# ----------------------------------------------------------------------------------------- gradient
+
+def test_dpo_gradient_matches_central_finite_differences_on_the_tiny_model():
+    """d loss / d theta of the LoRA parameters (float64 model, reference = adapter disabled) against
+    central differences (L(theta + e v) - L(theta - e v)) / 2e along three directions: the gradient
+    itself, a random direction and one single coordinate. The plugin's float32 log-probs limit the
+    finite differences to ~3e-4 relative here, hence e = 1e-3 and rtol 2e-3."""
+    policy = lora_policy(torch.float64)
+    algo = dpo(beta=0.5)
+    batch = collate_preferences(real_pairs(), [0, 1, 2], policy.pad_id)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+
+    def loss() -> torch.Tensor:
+        return algo.loss(policy, batch).values.mean()
+
+    policy.model.zero_grad()
+    loss().backward()
+    grad = [p.grad.detach().clone() for p in params]
+    norm = math.sqrt(sum(float((g * g).sum()) for g in grad))
+    assert norm > 1e-3
+    gen = torch.Generator().manual_seed(1)
+    random_dir = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params]
+    k = max(range(len(grad)), key=lambda i: float(grad[i].abs().max()))
+    coord = [torch.zeros_like(p) for p in params]
+    coord[k].view(-1)[int(grad[k].abs().argmax())] = 1.0
+    for direction in ([g / norm for g in grad], random_dir, coord):
+        analytic = sum(float((g * v).sum()) for g, v in zip(grad, direction))
+        eps = 1e-3
+        with torch.no_grad():
+            for p, v in zip(params, direction):
+                p.add_(eps * v)
+            up = float(loss())
+            for p, v in zip(params, direction):
+                p.add_(-2 * eps * v)
+            down = float(loss())
+            for p, v in zip(params, direction):
+                p.add_(eps * v)
+        numeric = (up - down) / (2 * eps)
+        assert numeric == pytest.approx(analytic, rel=2e-3, abs=1e-4)

@@ -1,0 +1,194 @@
+"""Tests for prefzoo.models.value: the value head's alignment, its separate adapter, saving and loading.
+
+Expected values come from an independent computation: the tiny model's transformer body run on ONE
+unpadded sequence, and the head applied by hand to the hidden state at the position that predicts each
+completion token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from prefzoo.algos.ppo import PPOConfig
+from prefzoo.algos.rm import RMConfig, sequence_rewards
+from prefzoo.config import Config, DataConfig, ModelConfig, TrainerConfig
+from prefzoo.errors import ConfigError
+from prefzoo.models.lora import wrap_trainable
+from prefzoo.models.policy import CausalLMPolicy
+from prefzoo.models.reference import make_reference
+from prefzoo.models.value import VALUE_ADAPTER, build_value_model, load_value_model
+from tests.models.helpers import SPREAD, lora_settings, sequence_batch, tiny_model, tokenizer
+
+PROMPTS = [[1, 100, 200, 300], [1, 7]]
+COMPLETIONS = [[400, 500, 2], [600, 700, 800, 900, 2]]
+
+
+def config(value_adapter="separate", lora=True, gradient_checkpointing=False, algo=None) -> Config:
+    algo = algo or PPOConfig(value_adapter=value_adapter)
+    model = ModelConfig(name="tiny", lora=lora_settings(enabled=lora), gradient_checkpointing=gradient_checkpointing)
+    return Config(algo=algo, model=model, data=DataConfig(), trainer=TrainerConfig(seed=0))
+
+
+def build(value_adapter="separate", lora=True, seed=0, initializer_range=SPREAD):
+    """(policy, value_model) for the tiny model with a random (non-zero) head so values are informative."""
+    cfg = config(value_adapter, lora)
+    model = wrap_trainable(tiny_model(seed, initializer_range=initializer_range), cfg.model.lora, quantized=False,
+                           adapter_path=None, gradient_checkpointing=False)
+    reference = make_reference(model, lora_enabled=lora, adapter_loaded=False, mode="auto")
+    value = build_value_model(cfg, model, torch.device("cpu"))
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        value.head.weight.copy_(torch.randn(value.head.weight.shape, generator=g))
+        value.head.bias.fill_(0.25)
+    return CausalLMPolicy(model, tokenizer(), reference, value), value
+
+
+def hand_values(value, prompt, completion) -> torch.Tensor:
+    """head(h_{P-1+t}) for t < len(completion), from the body run on the unpadded sequence."""
+    from prefzoo.models.value import _decoder, use_adapter
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad(), use_adapter(value.model, value.adapter):
+        hidden = _decoder(value.model)(input_ids=ids, use_cache=False).last_hidden_state[0]
+    p = len(prompt)
+    states = hidden[p - 1:p - 1 + len(completion)]
+    return states.float() @ value.head.weight[0].detach() + value.head.bias.detach()
+
+
+def perturb(params) -> None:
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.05 * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("extra_left,extra_right", [(0, 0), (3, 2)])
+def test_values_align_with_the_state_before_each_completion_token(extra_left, extra_right):
+    """values[b, t] = head(hidden state at the position predicting token t), whatever the padding; 0 on padding."""
+    _, value = build()
+    batch = sequence_batch(PROMPTS, COMPLETIONS, extra_left, extra_right)
+    with torch.no_grad():
+        values = value(batch)
+    assert values.dtype == torch.float32 and values.shape == batch.completion_ids.shape
+    for i, (p, c) in enumerate(zip(PROMPTS, COMPLETIONS)):
+        torch.testing.assert_close(values[i, : len(c)], hand_values(value, p, c), atol=1e-5, rtol=1e-5)
+        assert (values[i, len(c):] == 0).all()
+
+
+def test_separate_adapter_shares_nothing_with_the_policy_or_the_reference():
+    policy, value = build()
+    batch = sequence_batch(PROMPTS, COMPLETIONS)
+    model = policy.model
+    assert set(model.peft_config) == {"default", VALUE_ADAPTER}
+    policy_params = [p for n, p in model.named_parameters() if ".default." in n]
+    value_params = list(value.adapter_params)
+    assert value_params and not {id(p) for p in value_params} & {id(p) for p in policy_params}
+
+    with torch.no_grad():
+        logps0, _ = policy.logps(batch)
+        ref0 = policy.ref_logps(batch)
+        values0 = value(batch)
+    perturb(value_params)  # the value adapter changes: policy and reference do not
+    with torch.no_grad():
+        torch.testing.assert_close(policy.logps(batch)[0], logps0, atol=0, rtol=0)
+        torch.testing.assert_close(policy.ref_logps(batch), ref0, atol=0, rtol=0)
+        values1 = value(batch)
+    assert not torch.allclose(values1, values0)
+    perturb(policy_params)  # the policy adapter changes: the value does not
+    with torch.no_grad():
+        torch.testing.assert_close(value(batch), values1, atol=0, rtol=0)
+        assert not torch.allclose(policy.logps(batch)[0], logps0)
+    assert model.active_adapter == "default"
+
+
+def test_value_gradient_reaches_only_the_value_parameters_and_flags_survive():
+    """Also after a reference pass: leaving peft's disable_adapter() re-freezes every inactive adapter."""
+    policy, value = build()
+    batch = sequence_batch(PROMPTS, COMPLETIONS)
+    flags = {n: p.requires_grad for n, p in policy.model.named_parameters()}
+    assert all(flags[n] for n in flags if ".default." in n or f".{VALUE_ADAPTER}." in n)
+    for _ in range(2):  # the first step only reaches LoRA B and the head (A gets no gradient while B = 0)
+        policy.ref_logps(batch)
+        value(batch).sum().backward()
+        with torch.no_grad():
+            for p in value.adapter_params:
+                if p.grad is not None:
+                    p.add_(-0.1 * p.grad)
+    assert all(p.requires_grad for p in value.adapter_params)
+    assert all(p.grad is None for n, p in policy.model.named_parameters() if ".default." in n)
+    assert all(p.grad is not None for p in value.adapter_params) and value.head.weight.grad is not None
+    policy.logps(batch)[0].sum().backward()  # and the policy's adapter still trains
+    assert all(p.grad is not None for n, p in policy.model.named_parameters() if ".default.lora_B" in n)
+
+
+def test_state_dict_holds_only_what_the_value_model_trains():
+    _, value = build()
+    keys = set(value.state_dict())
+    assert {"head.weight", "head.bias"} <= keys
+    assert len(keys) == 2 + len(value.adapter_params)
+    assert sum(p.numel() for p in value.parameters()) < 50_000  # not the 3M-parameter backbone
+
+
+def test_shared_mode_reads_the_policy_adapter():
+    policy, value = build("shared")
+    batch = sequence_batch(PROMPTS, COMPLETIONS)
+    assert set(policy.model.peft_config) == {"default"}
+    assert set(value.state_dict()) == {"head.weight", "head.bias"}
+    with torch.no_grad():
+        before = value(batch)
+    perturb([p for n, p in policy.model.named_parameters() if ".default." in n])
+    with torch.no_grad():
+        assert not torch.allclose(value(batch), before)
+
+
+def test_full_fine_tuning_gets_a_private_trainable_copy():
+    policy, value = build(lora=False)
+    assert value.owns_backbone and value.model is not policy.model
+    assert all(p.requires_grad for p in value.model.parameters())
+    assert not {id(p) for p in value.parameters()} & {id(p) for p in policy.model.parameters()}
+
+
+def test_separate_adapter_refuses_gradient_checkpointing():
+    cfg = config(gradient_checkpointing=True)
+    model = wrap_trainable(tiny_model(), cfg.model.lora, quantized=False, adapter_path=None, gradient_checkpointing=False)
+    with pytest.raises(ConfigError, match="gradient_checkpointing"):
+        build_value_model(cfg, model, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="value_adapter"):
+        build_value_model(config(algo=RMConfig(value_adapter="bogus")), model, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["separate", "shared"])
+def test_save_and_load_round_trip(tmp_path, mode):
+    policy, value = build(mode, initializer_range=None)  # the base the loader rebuilds from value_model.json
+    perturb(list(value.adapter_params) or [p for n, p in policy.model.named_parameters() if ".default." in n])
+    batch = sequence_batch(PROMPTS, COMPLETIONS)
+    with torch.no_grad():
+        expected = value(batch)
+        terminal = sequence_rewards(value, batch)
+    value.save_pretrained(tmp_path, extra={"kind": "test"})
+    loaded, tok = load_value_model(tmp_path)
+    assert loaded.meta["kind"] == "test" and loaded.meta["value_adapter"] == mode
+    assert not any(p.requires_grad for p in loaded.parameters()) and not loaded.training
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(batch), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(sequence_rewards(loaded, batch), terminal, atol=1e-5, rtol=1e-5)
+
+
+def test_meta_records_the_data_settings():
+    _, value = build()
+    assert value.meta["data"] == dataclasses.asdict(DataConfig())
+    assert value.meta["model"] == "tiny" and value.meta["seed"] == 0
+
+
+def test_reward_model_head_starts_random_and_value_head_at_zero():
+    """algo=rm: weights ~ N(0, 1/(64 + 1)), so values differ between sequences; PPO's value head starts at 0."""
+    model = wrap_trainable(tiny_model(), lora_settings(), quantized=False, adapter_path=None, gradient_checkpointing=False)
+    torch.manual_seed(0)
+    rm = build_value_model(config(algo=RMConfig()), model, torch.device("cpu"))
+    assert rm.adapter is None and abs(rm.head.weight.std().item() - 65 ** -0.5) < 0.04
+    assert (rm.head.bias == 0).all()
+    model = wrap_trainable(tiny_model(), lora_settings(), quantized=False, adapter_path=None, gradient_checkpointing=False)
+    value = build_value_model(config(), model, torch.device("cpu"))
+    assert (value.head.weight == 0).all() and (value(sequence_batch(PROMPTS, COMPLETIONS)) == 0).all()

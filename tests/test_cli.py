@@ -1,0 +1,128 @@
+"""The command line: ``python train.py ...`` in a subprocess (cwd = the repository root).
+
+The quick command lines start at once in a module fixture (each pays ~2 s of imports; on 2 cores
+running them side by side halves the wait). That a bad value fails BEFORE any model loads is shown
+in-process, for more values: ``run_from_hydra`` gets the composed config with the model loader, the
+tokenizer loader and the Trainer replaced by tripwires (tests/test_config.py checks every message).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefzoo import cli
+from prefzoo.training import loop, setup
+from tests.test_config import composed
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = "tests/fixtures/arithmetic_pairs.jsonl"
+TINY_RUN = ["algo=dpo", "model=tiny", "data=file", f"data.path={FIXTURE}", "trainer.max_steps=2",
+            "trainer.batch_size=2", "trainer.save_every=1", "trainer.progress=false", "trainer.tensorboard=false",
+            "trainer.num_threads=1", "trainer.device=cpu", "model.lora.r=4", "data.max_length=96",
+            "data.max_prompt_length=64"]
+QUICK = {
+    "cfg_job": ["--cfg", "job", "algo=dpo", "model=tiny"],
+    "bad_beta": ["model=tiny", "objective.beta=-1"],
+    "bad_algo": ["model=tiny", "algo=nope"],
+}
+
+
+def run_concurrently(base: Path, commands: dict[str, list[str]]) -> dict:
+    """{name: (returncode, stdout, stderr, run_dir)} of ``python train.py <args> hydra.run.dir=...``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
+    procs = {}
+    for name, args in commands.items():
+        run_dir = base / name
+        procs[name] = (subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), run_dir)
+    out = {}
+    for name, (proc, run_dir) in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        out[name] = (proc.returncode, stdout, stderr, run_dir)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The quick command lines (the ones that stop at the configuration), side by side."""
+    return run_concurrently(tmp_path_factory.mktemp("cli"), QUICK)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return run_concurrently(tmp_path_factory.mktemp("cli"), {"tiny": TINY_RUN})["tiny"]
+
+
+def test_cfg_job_prints_the_composed_config(runs):
+    rc, stdout, stderr, _ = runs["cfg_job"]
+    assert rc == 0, stderr
+    assert "algo:\n  name: dpo\n  loss_type: sigmoid" in stdout
+    assert "model:\n  name: tiny" in stdout
+    for group in ("data:", "reward:", "objective:", "trainer:"):
+        assert f"\n{group}" in stdout
+
+
+@pytest.mark.parametrize("name,needles", [
+    ("bad_beta", ["objective.beta=-1.0", ">= 0"]),
+])
+def test_bad_values_fail_with_the_valid_values_and_exit_2(runs, name, needles):
+    rc, stdout, stderr, run_dir = runs[name]
+    assert rc == 2
+    assert stderr.startswith("prefzoo: error: ")
+    for needle in needles:
+        assert needle in stderr
+    assert "Traceback" not in stderr
+    assert not (run_dir / "config.yaml").exists()  # stopped before the run was even set up
+
+
+def test_unknown_algorithm_lists_the_valid_ones(runs):
+    rc, stdout, stderr, _ = runs["bad_algo"]
+    assert rc != 0
+    assert "Could not find 'algo/nope'" in stderr
+    for name in ("dpo", "grpo", "simpo"):
+        assert f"\t{name}\n" in stderr
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["objective.beta=-1"], "must be >= 0"),
+    (["objective.divergence=foo"], "choose one of: reverse_kl, forward_kl, js, alpha"),
+    (["data.on_bad_row=maybe"], "choose one of: error, skip"),
+    (["algo=dpo", "algo.loss_type=nope"], "choose one of sigmoid, ipo, hinge"),
+])
+def test_bad_values_fail_before_any_model_loads(monkeypatch, capsys, overrides, needle):
+    def tripwire(*_a, **_k):
+        raise AssertionError("a model or tokenizer was loaded / the trainer was built before validation")
+
+    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loop, "Trainer", tripwire)
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_from_hydra(composed("model=tiny", *overrides))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefzoo: error: ") and needle in err
+
+
+@pytest.mark.slow  # ~8 s of CPU: imports, data, 2 steps, 2 evaluations; more on a loaded machine
+def test_tiny_run_writes_its_files_into_the_hydra_run_dir(tiny_run):
+    rc, stdout, stderr, run_dir = tiny_run
+    assert rc == 0, stderr[-3000:]
+    assert f"[prefzoo] run folder: {run_dir}" in stdout
+    assert "eval before training" in stdout and "eval after training" in stdout
+    config_text = (run_dir / "config.yaml").read_text()
+    assert "name: tiny" in config_text and "max_steps: 2" in config_text
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(isinstance(r["loss"], float) for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["algo"] == "dpo" and summary["model"] == "tiny"
+    for name in ("eval_before.json", "eval_after.json"):
+        assert "preference_accuracy" in json.loads((run_dir / name).read_text())
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+    assert (run_dir / "checkpoints" / "step-000002" / "trainer_state.pt").is_file()
