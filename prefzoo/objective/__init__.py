@@ -9,6 +9,8 @@ Map (one idea per module):
     errors.py       ObjectiveError (a ValueError) and the input checks that raise it
     logprobs.py     logits -> per-token log-probs (float32, chunked), entropy, masked
                     sum/mean/var, whitening (with a data-parallel all-reduce hook)
+    linear_logps.py hidden states -> per-token log-probs with the output layer fused in, chunked
+                    with recomputation (the (N, V) logits never held), optional entropy
     kl.py           KL estimators k1/k2/k3 (Schulman 2020), "in_reward" vs "as_loss" placement
                     (which gradient each really follows: Liu et al. 2025), exact categorical KL
     divergences.py  f-divergences (reverse KL, forward KL, JS, alpha) for f-DPO (Wang et al.
@@ -17,6 +19,7 @@ Map (one idea per module):
     optimum.py      closed-form optimum pi* = pi_ref exp(r/beta) / Z and J* = beta log Z
     advantages.py   group-relative advantages (GRPO / Dr. GRPO) and GAE (PPO)
     surrogate.py    PPO clipped surrogate (with DAPO clip-higher) and clipped value loss
+    best_of_n.py    best-of-n: which sample it keeps, its analytic KL log n - (n-1)/n
     reduce.py       the one loss reduction (sequence/token mean, constant, example mean) with a
                     global normaliser, exact under gradient accumulation and data parallelism
 
@@ -25,6 +28,7 @@ True = "this token counts", loss = -objective.
 """
 
 from .advantages import ADVANTAGE_SCALES, gae, group_advantages
+from .best_of_n import best_of_n_indices, best_of_n_kl
 from .controllers import (
     KL_CONTROLLERS,
     AdaptiveKLController,
@@ -60,6 +64,7 @@ from .logprobs import (
     token_entropy,
     token_logps,
 )
+from .linear_logps import linear_token_logps
 from .optimum import log_partition, optimal_policy, optimal_value, regularised_objective
 from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
 from .surrogate import clipped_surrogate_loss, clipped_value_loss
@@ -69,6 +74,7 @@ __all__ = [
     "ObjectiveError",
     # logprobs
     "token_logps",
+    "linear_token_logps",
     "masked_logps",
     "sequence_logps",
     "mean_logps",
@@ -109,6 +115,9 @@ __all__ = [
     # surrogate
     "clipped_surrogate_loss",
     "clipped_value_loss",
+    # best-of-n
+    "best_of_n_kl",
+    "best_of_n_indices",
     # reduce
     "AGGREGATIONS",
     "loss_normaliser",

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .errors import (
@@ -32,7 +34,8 @@ _EQUAL_ULPS = 8
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group",
-                     eps: float = 1e-4) -> torch.Tensor:
+                     eps: float = 1e-4,
+                     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Group-relative advantages: each reward minus the mean of its prompt's group, scaled.
 
     ``rewards`` holds ``num_prompts * group_size`` sequence rewards; consecutive blocks of
@@ -50,6 +53,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     so a group of equal rewards gets advantages that are exactly 0 for any eps (e.g. eight
     float32 rewards of 0.35, whose float32 std is ~3e-8, give exact zeros). A group of one has
     no std and gets advantage 0; ``std_B`` of a batch of one is taken as 0.
+
+    Data parallelism: groups never straddle processes (each process holds whole groups), so
+    mean_g and std_g are local and exact. Only ``std_B`` is a batch statistic: ``all_reduce`` (a
+    callable returning the element-wise SUM of a tensor over all processes, as in
+    :func:`masked_whiten`) is then called exactly twice, only for scale="batch", by every process:
+    on float64 ``[sum of rewards, count]`` (shape (2,)), then on float64 ``[sum of squared
+    deviations from the global mean]`` (shape (1,)); std_B is then the unbiased std of the
+    global batch. Default None: one process (torch's ``std`` of the local batch).
 
     Shape: rewards (B,) -> (B,) in rewards' (floating) dtype; B = num_prompts * group_size
     sampled completions. Broadcast over the completion tokens by the caller.
@@ -92,11 +103,27 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
         std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
         advantages = centred / (std + eps)
     elif scale == "batch":
-        std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+        if all_reduce is None:
+            std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+        else:
+            std = _global_std(r.reshape(-1), all_reduce)
         advantages = centred / (std + eps)
     else:
         advantages = centred
     return advantages.reshape(-1).to(rewards.dtype)
+
+
+def _global_std(values: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Unbiased std of ``values`` (1-D float64) concatenated over all processes (two-pass, float64); 0 for
+    a global batch of one."""
+    first = all_reduce(torch.stack([values.sum(), torch.tensor(float(values.numel()), dtype=values.dtype,
+                                                                      device=values.device)]))
+    count = float(first[1])
+    mean = first[0] / max(count, 1.0)
+    second = all_reduce(((values - mean) ** 2).sum().reshape(1))
+    if count < 2:
+        return torch.zeros((), dtype=values.dtype, device=values.device)
+    return torch.sqrt(second[0] / (count - 1))
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,

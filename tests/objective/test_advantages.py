@@ -79,6 +79,42 @@ def test_group_advantages_errors():
 # ------------------------------------------------------------------------------------------ GAE
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_data_parallel_groups_with_a_global_batch_std(scale):
+    """Two processes, each with whole groups; all_reduce sums over them. Simulated with threads (a barrier
+    pairs the calls): each half must equal its rows of the whole batch's advantages, for scale=batch too
+    (the std of all rewards, not of the half); all_reduce is called only for scale=batch, twice."""
+    import threading
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 0.0, 0.0, 0.0, 0.0, 5.0, -2.0])
+    whole = group_advantages(rewards, 4, scale)
+    halves = [rewards[:4], rewards[4:]]  # one group vs two
+    barrier, slots, results, calls = threading.Barrier(2), [None, None], [None, None], [0, 0]
+
+    def make_all_reduce(rank):
+        def all_reduce(t):
+            calls[rank] += 1
+            slots[rank] = t.clone()
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+        return all_reduce
+
+    def run(rank):
+        results[rank] = group_advantages(halves[rank], 4, scale, all_reduce=make_all_reduce(rank))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    torch.testing.assert_close(torch.cat(results), whole, atol=1e-6, rtol=0)
+    assert calls == ([2, 2] if scale == "batch" else [0, 0])
+    if scale == "batch":  # the local std alone would be wrong
+        assert (group_advantages(halves[0], 4, scale) - whole[:4]).abs().max() > 1e-2
+
+
 def test_gae_hand_computed_t3():
     """rewards (0, 0, 1), values (0.5, 0.6, 0.7), gamma 0.9, lam 0.8 (gamma*lam = 0.72):
     delta_2 = 1 + 0.9 * 0 - 0.7 = 0.3                  A_2 = 0.3
