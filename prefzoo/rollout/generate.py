@@ -43,20 +43,39 @@ def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample_from(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def sample_from(probs: Tensor, generator: torch.Generator | None = None, uniforms: Tensor | None = None) -> Tensor:
     """One index per row drawn from ``probs`` (Shape (B, V), rows summing to ~1) by inverting the CDF.
 
     Equivalent in distribution to ``torch.multinomial(probs, 1)`` but needs one uniform per row instead of
     one exponential per vocabulary entry (a large share of decode time at V = 49,152 on a CPU).
+
+    Args:
+        uniforms: Shape (B,) in [0, 1), the draws to invert (precomputed, e.g. by :func:`prompt_uniforms`);
+            None: drawn here from ``generator``.
     """
     cdf = probs.cumsum(-1)
     total = cdf[:, -1:]
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    if uniforms is None:
+        u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    else:
+        u = uniforms.to(device=probs.device, dtype=cdf.dtype).reshape(-1, 1)
     # The first index whose cumulative mass EXCEEDS u * total (right=True): a zero-probability token has a
     # flat cdf step and is never chosen, even for u = 0 (which torch.rand returns once in 2^24 draws); the
     # minimum keeps the target below the total mass after rounding, so trailing zero tokens are skipped too.
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).clamp(max=probs.shape[-1] - 1)[:, 0]
+
+
+def prompt_uniforms(seeds: list[int], num_samples: int, steps: int, device: torch.device | str = "cpu") -> Tensor:
+    """The uniforms a rollout inverts, drawn per prompt from its own seed: Shape (len(seeds) * num_samples, steps).
+
+    Rows ``[i*G, (i+1)*G)`` (G = ``num_samples``) come from ``torch.Generator(device).manual_seed(seeds[i])``,
+    row-major, float32 in [0, 1): what prompt i's samples draw depends on ``seeds[i]`` alone, not on which
+    other prompts share the batch (or the process, under data parallelism).
+    """
+    out = [torch.rand((num_samples, steps), generator=torch.Generator(device=device).manual_seed(int(s)),
+                      device=device) for s in seeds]
+    return torch.cat(out) if out else torch.zeros((0, steps), device=device)
 
 
 # transformers >= 5.2x names the KV cache argument and output field ``cache`` (``past_key_values`` before)
@@ -65,8 +84,8 @@ _CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else 
 
 @torch.no_grad()
 def sample_completions(model, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
-                       eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None
-                       ) -> tuple[SequenceBatch, Tensor]:
+                       eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None,
+                       uniforms: Tensor | None = None) -> tuple[SequenceBatch, Tensor]:
     """Sample ``num_samples`` completions for each prompt.
 
     Each distinct prompt is run through the model once (prefill); its KV cache is then repeated for its
@@ -81,6 +100,8 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
         eos_token_ids: ids that end a completion.
         pad_id: id written after the end.
         generator: random source for sampling (reproducible rollouts).
+        uniforms: Shape (B*G, max_new_tokens), the uniform in [0, 1) that row r inverts at step t (e.g. from
+            :func:`prompt_uniforms`); when given, ``generator`` is not used. None: drawn from ``generator``.
 
     Returns:
         (batch, sample_logps): the (B*G)-row :class:`SequenceBatch` (with ``prompt_index`` and ``truncated``),
@@ -90,6 +111,9 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
     device = prompts.prompt_ids.device
     n_prompts = prompts.prompt_ids.shape[0]
     rows = n_prompts * num_samples
+    if uniforms is not None and tuple(uniforms.shape) != (rows, params.max_new_tokens):
+        raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}; expected (prompts x num_samples, "
+                         f"max_new_tokens) = ({rows}, {params.max_new_tokens})")
     eos = torch.tensor(eos_token_ids, device=device)
     position = position_ids_from_mask(prompts.prompt_mask)
     out = model(input_ids=prompts.prompt_ids, attention_mask=prompts.prompt_mask.long(), position_ids=position,
@@ -113,7 +137,8 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
         else:
             logits = logits / params.temperature
             logprobs = torch.log_softmax(logits, -1)
-            token = sample_from(filter_top_p(logits, params.top_p).softmax(-1), generator)
+            token = sample_from(filter_top_p(logits, params.top_p).softmax(-1), generator,
+                                None if uniforms is None else uniforms[active, t])
         tokens[active, t] = token
         token_logps[active, t] = logprobs.gather(-1, token[:, None])[:, 0]
         done = torch.isin(token, eos)
