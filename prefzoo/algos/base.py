@@ -119,6 +119,13 @@ class SequenceBatch(Batch):
         )
 
 
+#: Optional :attr:`PromptBatch.columns` entry: one int seed per prompt. A policy that finds it draws each
+#: prompt's samples from a random stream seeded by it alone (not by the batch's other prompts), so a
+#: rollout does not depend on how prompts are split into batches or data-parallel processes. It is not a
+#: dataset column: scorers do not pass it on to reward functions.
+ROLLOUT_SEED_COLUMN = "rollout_seed"
+
+
 @dataclass
 class PromptBatch(Batch):
     """Prompts to sample from. B = prompts, P = prompt length.
@@ -126,7 +133,8 @@ class PromptBatch(Batch):
     Attributes:
         prompt_ids: Shape (B, P), left-padded.
         prompt_mask: Shape (B, P) bool.
-        columns: the dataset's other columns (e.g. ``answer``), each a list of B values, for reward functions.
+        columns: the dataset's other columns (e.g. ``answer``), each a list of B values, for reward functions;
+            plus, from the training loop, :data:`ROLLOUT_SEED_COLUMN`.
     """
 
     prompt_ids: Tensor
@@ -211,6 +219,14 @@ class Algorithm:
         online: True if it trains on its own samples (needs prompts, a scorer and ``make_experience``);
             False if it trains on a fixed preference dataset.
         needs_value_head: True if ``policy.values`` is used (PPO).
+        trains: False for a plugin without training steps (best-of-n): the loop runs none, whatever
+            ``trainer.max_steps`` says, and evaluates :meth:`evaluation_policy` once.
+
+    Instance attribute set by the training loop:
+        all_reduce: under data parallelism, a callable returning the element-wise SUM of a tensor over all
+            processes (every process must call it, in the same order); None in one process. A plugin that
+            computes batch statistics (advantage whitening, a batch-wide reward std) passes it on to the
+            objective function that takes it, so the statistics are those of the global batch.
     """
 
     name: ClassVar[str]
@@ -220,9 +236,11 @@ class Algorithm:
     default_kl_placement: ClassVar[str] = "in_reward"
     online: ClassVar[bool] = False
     needs_value_head: ClassVar[bool] = False
+    trains: ClassVar[bool] = True
     aggregation: str = "example_mean"
     max_length_for_aggregation: int | None = None
     progress_keys: ClassVar[tuple[str, ...]] = ("loss",)
+    all_reduce: Callable[[Tensor], Tensor] | None = None
 
     def __init__(self, cfg: AlgoConfig, objective: ObjectiveSettings):
         self.cfg = cfg
@@ -248,6 +266,11 @@ class Algorithm:
     def needs_reference(self) -> bool:
         """Whether a reference policy must exist (if not, none is loaded)."""
         return True
+
+    def evaluation_policy(self, policy: Policy, score: Scorer | None) -> Policy:
+        """The policy the shared evaluation measures: ``policy`` itself, or a plugin's own sampling procedure
+        built on it (best-of-n: the best of n samples under ``score``)."""
+        return policy
 
     def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer,
                         sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:

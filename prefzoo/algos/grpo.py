@@ -27,7 +27,8 @@ Choices exposed (and where they come from):
 
 Log-probs are recomputed with the sampling temperature. Drift metrics (KL k1/k3 to the starting policy)
 are reported whenever a reference is available for free (LoRA: the adapter switched off), even with
-beta = 0.
+beta = 0: from the update's forward pass when there is one iteration (no extra pass of the policy), else from
+the no-grad pass that stores ``old_logps``.
 """
 
 from __future__ import annotations
@@ -138,24 +139,27 @@ class GRPO(Algorithm):
         t1 = time.perf_counter()
         rewards = score(samples, prompts)
         mask = samples.completion_mask
-        ref_logps = old_logps = None
+        ref_logps = old_logps = logps = None
         metrics: dict[str, float] = {}
         has_ref = getattr(policy, "reference", None) is not None
-        if has_ref or self.cfg.num_iterations > 1:
+        # A no-grad pass of the policy only where the log-probs at sampling time are needed before the update
+        # (several iterations, or the KL in the reward). With one iteration the drift metrics come from the
+        # update's own forward pass (see loss), which computes these very log-probs.
+        in_reward = self.beta > 0 and self.objective.kl_placement == "in_reward"
+        if self.cfg.num_iterations > 1 or in_reward:
             logps, _ = policy.logps(samples, sampling.temperature)
             if self.cfg.num_iterations > 1:
                 old_logps = logps
-            if has_ref:
-                ref_logps = policy.ref_logps(samples, sampling.temperature)
-                log_ratio = (logps - ref_logps).masked_fill(~mask, 0.0)
-                for k in ("k1", "k3"):
-                    metrics[f"kl_{k}"] = masked_sum(kl_estimate(log_ratio, k), mask, dim=-1).mean().item()
-                metrics["kl"] = metrics["kl_k1"]
+        if has_ref:
+            ref_logps = policy.ref_logps(samples, sampling.temperature)
+            if logps is not None:
+                metrics.update(self.drift_metrics(logps, ref_logps, mask))
         shaped = rewards
         if self.beta > 0 and self.objective.kl_placement == "in_reward":
             penalty = kl_penalty_rewards(logps, ref_logps, mask, self.beta, self.objective.kl_estimator)
             shaped = rewards + penalty.sum(-1)
-        advantages = group_advantages(shaped, g, self.cfg.scale_rewards, self.cfg.advantage_eps)
+        advantages = group_advantages(shaped, g, self.cfg.scale_rewards, self.cfg.advantage_eps,
+                                      all_reduce=self.all_reduce)  # data parallel: scale_rewards=batch's std is global
         loss_mask = mask & ~samples.truncated[:, None] if self.cfg.mask_truncated else mask
         t2 = time.perf_counter()
         lengths = mask.sum(-1).float()
@@ -175,6 +179,14 @@ class GRPO(Algorithm):
                              temperature=sampling.temperature)
         return exp, metrics
 
+    @staticmethod
+    def drift_metrics(logps: Tensor, ref_logps: Tensor, mask: Tensor) -> dict[str, float]:
+        """KL(pi || pi_ref) per sequence (k1 and k3 estimates, nats, mean over rows) of sampled completions."""
+        log_ratio = (logps.detach() - ref_logps).masked_fill(~mask, 0.0)
+        out = {f"kl_{k}": masked_sum(kl_estimate(log_ratio, k), mask, dim=-1).mean().item() for k in ("k1", "k3")}
+        out["kl"] = out["kl_k1"]
+        return out
+
     def loss(self, policy: Policy, batch: GRPOExperience) -> LossOutput:
         logps, entropy = policy.logps(batch, batch.temperature, with_entropy=True)
         old = batch.old_logps if batch.old_logps is not None else logps.detach()
@@ -182,6 +194,8 @@ class GRPO(Algorithm):
         per_token, clipped = clipped_surrogate_loss(logps, old, batch.advantages, mask, self.cfg.epsilon_low,
                                                     self.cfg.epsilon_high)
         metrics = {}
+        if batch.old_logps is None and batch.ref_logps is not None:  # one iteration: logps ARE the sampling policy's
+            metrics.update(self.drift_metrics(logps, batch.ref_logps, batch.completion_mask))
         if self.beta > 0 and self.objective.kl_placement == "as_loss":
             kl_tokens = kl_loss(logps, batch.ref_logps, mask, self.objective.kl_estimator)
             per_token = per_token + self.beta * kl_tokens
