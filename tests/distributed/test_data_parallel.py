@@ -1,0 +1,161 @@
+"""Data-parallel training end to end: 2 CPU processes (gloo) against 1 process with the same global batch.
+
+Two launches run side by side in a module fixture (2 processes each, on the tiny model), with a Hydra sweep
+through hydra-submitit-launcher's ``submitit_local``; the one-process references run in this process while
+they work:
+
+* DPO through ``accelerate launch --config_file accelerate/cpu_ddp_2proc.yaml``: global batch 4 pairs, 2 per
+  process, micro-batches of 1 (so ``no_sync`` on the first of each process's two micro-batches), 3 steps,
+  a checkpoint every 2 steps. The reference: 1 process, micro-batches of 1.
+* GRPO through ``torchrun --standalone``: 4 prompts x 4 samples per step, whole prompts per process,
+  ``scale_rewards=batch`` (the reward std is gathered over processes), 3 steps, run from a fresh working
+  directory WITHOUT hydra.run.dir (the run folder is named after the time, which each process reads for
+  itself). The reward is the completion's length (tests/distributed/rewards.py): the untrained tiny model
+  never solves a sum, and constant rewards would give zero advantages.
+
+Tolerance. The adapters must agree to rtol 1e-5 / atol 1e-6 (weights are ~0.1). Mathematically the updates
+are equal; numerically the gradient is a float32 sum taken in another order (each process's micro-batches,
+then the all-reduce, instead of one process's micro-batches in a row; DDP scales by 1/2 and the loss by 2,
+both exact), which changes it by ~1e-7 relative, and Adam turns that into weight differences of the order
+of lr * 1e-6 (seen: 2.5e-7 after 3 DPO steps). For GRPO the micro-batch is one process's share (8 rows):
+each process's gradient is then the same float computation as the reference's micro-batch and a sum of two
+terms is exact, so the adapters come out bitwise equal -- which matters, because a rollout redraws tokens
+from the updated weights, and the almost uniform tiny model would turn a 1e-7 weight difference into a
+different token now and then (any one flip changes the whole run).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from prefzoo.training import loop
+from prefzoo.training.metrics_log import read_metrics
+from tests.algos.hydra_runs import compose
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = str(ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl")
+STEPS = 3
+QUIET = ["trainer.progress=false", "trainer.tensorboard=false", "trainer.num_threads=1", "trainer.device=cpu",
+         "eval.before=false", "eval.after=false", "model=tiny", "model.lora.r=4", f"trainer.max_steps={STEPS}",
+         "trainer.lr=5e-3"]
+DPO = ["algo=dpo", "data=file", f"data.path={FIXTURE}", "data.max_length=96", "data.max_prompt_length=64",
+       "trainer.batch_size=4", "trainer.micro_batch_size=1", "trainer.save_every=2", *QUIET]
+GRPO = ["algo=grpo", "data=arithmetic", "data.num_train=16", "data.num_eval=2",
+        "reward.functions=[tests.distributed.rewards:length]", "algo.num_generations=4", "algo.scale_rewards=batch",
+        "rollout.max_new_tokens=8", "trainer.batch_size=4", "trainer.micro_batch_size=8", "trainer.save_every=0",
+        *QUIET]
+SWEEP = ["-m", "hydra/launcher=submitit_local", "algo=dpo", "data=file", f"data.path={FIXTURE}",
+         "data.max_length=96", "data.max_prompt_length=64", "trainer.batch_size=2", "trainer.save_every=0",
+         *[o for o in QUIET if not o.startswith("trainer.max_steps")], "trainer.max_steps=1", "trainer.seed=0,1",
+         "hydra.sweep.subdir=${hydra.job.num}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """{name: (returncode, stdout, stderr, folder)} of the two 2-process runs and the submitit sweep, started
+    together, plus the one-process reference runs (in this process, meanwhile)."""
+    base = tmp_path_factory.mktemp("dp")
+    bin_dir = Path(sys.executable).parent
+    train = str(ROOT / "train.py")
+    (base / "grpo_cwd").mkdir()
+    procs = {
+        "dpo": (start([str(bin_dir / "accelerate"), "launch", "--config_file", str(ROOT / "accelerate/cpu_ddp_2proc.yaml"),
+                       "--main_process_port", str(free_port()), train, *DPO, f"hydra.run.dir={base / 'dpo'}"], ROOT),
+                base / "dpo"),
+        "grpo": (start([str(bin_dir / "torchrun"), "--standalone", "--nproc_per_node", "2", train, *GRPO],
+                       base / "grpo_cwd"), base / "grpo_cwd"),
+        "sweep": (start([sys.executable, train, *SWEEP, f"hydra.sweep.dir={base / 'sweep'}"], ROOT), base / "sweep"),
+    }
+    out = {"dpo_ref": loop.Trainer(compose(DPO), base / "dpo_ref").run() and base / "dpo_ref",
+           "grpo_ref": loop.Trainer(compose(GRPO), base / "grpo_ref").run() and base / "grpo_ref"}
+    for name, (proc, folder) in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        out[name] = (proc.returncode, stdout, stderr, folder)
+    return out
+
+
+def finished(launched, name) -> tuple[str, Path]:
+    rc, stdout, stderr, folder = launched[name]
+    assert rc == 0, f"{name} failed:\n{stderr[-3000:]}"
+    return stdout, folder
+
+
+def adapter(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+
+
+def assert_same_adapter(a: Path, b: Path) -> None:
+    wa, wb = adapter(a), adapter(b)
+    assert wa.keys() == wb.keys() and wa
+    assert max(float(wa[k].abs().max()) for k in wa if "lora_B" in k) > 1e-3  # it trained (lora_B starts at 0)
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6)
+
+
+def assert_written_once(run: Path, stdout: str) -> None:
+    """metrics.jsonl has one line per step, train.log no line twice and nothing from process 1, and the
+    run folder line was printed once."""
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    log_lines = (run / "train.log").read_text().splitlines()
+    assert len(log_lines) == len(set(log_lines))
+    assert any("process 0 of 2" in line for line in log_lines)
+    assert not any("process 1 of 2" in line for line in log_lines)
+    assert stdout.count("[prefzoo] run folder:") == 1
+    assert json.loads((run / "summary.json").read_text())["num_processes"] == 2
+
+
+def test_dpo_on_two_processes_matches_one_process(launched):
+    stdout, run = finished(launched, "dpo")
+    assert_same_adapter(launched["dpo_ref"], run)
+    for one, two in zip(read_metrics(launched["dpo_ref"] / "metrics.jsonl"), read_metrics(run / "metrics.jsonl")):
+        for key in ("loss", "grad_norm", "rewards/margins", "logps/chosen"):
+            assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+
+
+def test_dpo_main_process_alone_writes_logs_and_checkpoints(launched):
+    stdout, run = finished(launched, "dpo")
+    assert_written_once(run, stdout)
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert checkpoints == ["step-000002", "step-000003"]
+    for ckpt in checkpoints:
+        assert sorted(p.name for p in (run / "checkpoints" / ckpt).iterdir()) == ["adapter", "trainer_state.pt"]
+    state = torch.load(run / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=False)
+    assert len(state["rng_per_process"]) == 2  # each process resumes with its own random state
+
+
+def test_grpo_on_two_processes_matches_one_process(launched):
+    stdout, cwd = finished(launched, "grpo")
+    runs = list(cwd.glob("outputs/*/*"))
+    assert len(runs) == 1 and sorted(p.name for p in cwd.iterdir()) == ["outputs"]  # process 1 wrote no folder
+    assert_same_adapter(launched["grpo_ref"], runs[0])
+    assert_written_once(runs[0], stdout)
+    for one, two in zip(read_metrics(launched["grpo_ref"] / "metrics.jsonl"), read_metrics(runs[0] / "metrics.jsonl")):
+        for key in ("reward", "completion_length", "grad_norm"):  # the same samples, rewards and gradients
+            assert two[key] == pytest.approx(one[key], rel=1e-6), key
+
+
+def test_a_sweep_runs_through_the_submitit_local_launcher(launched):
+    _, sweep = finished(launched, "sweep")
+    seeds = sorted(json.loads((sweep / str(job) / "summary.json").read_text())["seed"] for job in (0, 1))
+    assert seeds == [0, 1]
+    assert (sweep / "multirun.yaml").is_file() and (sweep / ".submitit").is_dir()
