@@ -2,20 +2,27 @@
 
 Hydra composes ``conf/config.yaml`` over the typed defaults in :mod:`prefzoo.config`; the run writes its
 resolved config, ``metrics.jsonl``, ``summary.json``, evaluations, checkpoints and the trained adapter
-into its Hydra run folder (``hydra.run.dir=...`` to choose it). ``-m`` runs a sweep.
+into its Hydra run folder (``hydra.run.dir=...`` to choose it). ``-m`` runs a sweep
+(``hydra/launcher=submitit_local`` or ``submitit_slurm`` to run its jobs as subprocesses or SLURM jobs).
+Data parallel: ``accelerate launch --config_file accelerate/ddp.yaml train.py ...`` or
+``torchrun --nproc_per_node N train.py ...`` (README, "Scaling out").
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 
 import hydra
 from omegaconf import DictConfig
 
-from prefzoo.cli import run_from_hydra
+from prefzoo.cli import run_from_hydra, secondary_process_overrides
 from prefzoo.config import register_configs
 
 register_configs()
+# conf/hydra/launcher/submitit_*.yaml spell out hydra-submitit-launcher's fields (documented) under the plugin's own
+# names, so Hydra validates them against the plugin's schema, with a deprecation notice this silences
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema")
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
@@ -24,4 +31,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    sys.argv = secondary_process_overrides(sys.argv)  # torchrun / accelerate launch: only rank 0 writes
     sys.exit(main())

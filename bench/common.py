@@ -57,3 +57,34 @@ def example_pairs(tokenizer, n: int, max_length: int, prompt_tokens: int = 100, 
 def peak_rss_gb() -> float:
     """Peak resident memory of this process so far, in GB (Linux ru_maxrss is in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+
+
+def example_pair_texts(tokenizer, n: int, max_length: int, prompt_tokens: int = 100, completion_tokens: int = 118
+                       ) -> list[dict]:
+    """The pairs of :func:`example_pairs` as text ({"prompt", "chosen", "rejected"}; the prompt chat-templated, the
+    completions without EOS): the form a third-party trainer (TRL) tokenises itself."""
+    out = []
+    for e in example_pairs(tokenizer, n, max_length, prompt_tokens, completion_tokens):
+        out.append({"prompt": tokenizer.decode(e.prompt_ids), "chosen": tokenizer.decode(e.chosen_ids[:-1]),
+                    "rejected": tokenizer.decode(e.rejected_ids[:-1])})
+    return out
+
+
+def tokenize_pair_like_trl(tokenizer, pair: dict):
+    """A :class:`PreferenceExample` with exactly the token ids TRL's DPO trainer builds from ``pair``: prompt and
+    prompt+completion+EOS tokenised separately, the completion starting where the two diverge."""
+    from prefzoo.data.preference import PreferenceExample
+
+    eos = tokenizer.eos_token
+    ids = lambda text: tokenizer(text)["input_ids"]  # noqa: E731
+    prompt = ids(pair["prompt"])
+    chosen, rejected = ids(pair["prompt"] + pair["chosen"] + eos), ids(pair["prompt"] + pair["rejected"] + eos)
+
+    def common(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    cut = min(common(prompt, chosen), common(prompt, rejected))
+    return PreferenceExample(prompt[:cut], chosen[cut:], rejected[cut:])

@@ -46,13 +46,15 @@ def select_pair(scores: list[float], ended: list[bool], rng: random.Random) -> t
 
 @torch.no_grad()
 def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: SamplingParams, batch_size: int,
-                     seed: int, progress: bool = True) -> tuple[list[dict], dict]:
+                     seed: int, progress: bool = True, require_finished: bool = True) -> tuple[list[dict], dict]:
     """Sample k completions per prompt and turn disagreeing groups into preference rows.
 
     Args:
         policy: anything with ``sample(PromptBatch, k, params)``, ``tokenizer`` and ``pad_id``.
         prompts: the prompts, with the columns ``reward_fn`` needs and ``prompt`` messages in ``columns``.
         reward_fn: ``(prompts, completions, **columns) -> list[float]``.
+        require_finished: chosen must have ended by itself (EOS); False: any sample may be chosen (completions cut
+            at ``params.max_new_tokens`` are compared as they are, e.g. the first sentences of a review).
 
     Returns:
         (rows, stats): rows ``{prompt, chosen, rejected, chosen_reward, rejected_reward, <columns>}``;
@@ -74,7 +76,7 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         prompt_texts = cols.pop("prompt_text", [prompts.texts[i] for i in idx for _ in range(k)])
         scores = [float(s) for s in reward_fn(prompt_texts, texts, **cols)]
         rewards_all += scores
-        ended = (~samples.truncated).tolist()
+        ended = (~samples.truncated).tolist() if require_finished else [True] * len(texts)
         for j, i in enumerate(idx):
             group = list(range(j * k, (j + 1) * k))
             pick = select_pair([scores[g] for g in group], [ended[g] for g in group], rng)
@@ -115,9 +117,12 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
             when the pairs must be built).
     """
     p = cfg.data.pairs
+    pairs_key = dict(vars(p) if not hasattr(p, "_content") else p)
+    if pairs_key.get("require_finished", True):  # the default leaves the key (and the caches built before it) as it was
+        pairs_key.pop("require_finished", None)
     key = cache_key({"task": {k: getattr(cfg.data, k) for k in ("name", "seed", "num_train", "num_eval", "digits",
                                                                   "ops", "word_problems", "max_prompt_length")},
-                     "pairs": vars(p) if not hasattr(p, "_content") else dict(p), "model": cfg.model.name,
+                     "pairs": pairs_key, "model": cfg.model.name,
                      "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 4})
     folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
     train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
@@ -132,7 +137,8 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
         log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
                  p.samples_per_prompt)
         rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.samples_per_prompt, params,
-                                   p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress)
+                                   p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress,
+                                   require_finished=getattr(p, "require_finished", True))
         write_jsonl(path, rows)
         stats[name] = s
     stats["seconds"] = round(time.perf_counter() - start, 1)

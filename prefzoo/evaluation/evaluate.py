@@ -3,20 +3,36 @@
 Metrics (keys of the returned dict):
 
 * ``task_reward`` (+ ``_se``): mean reward of the greedy completion of each held-out prompt, under the
-  task's reward functions; ``task_accuracy`` (+ ``_se``): exact-match accuracy when the task has answers.
+  run's reward (``reward.*``; with a gold reward configured this is the PROXY); ``task_accuracy``
+  (+ ``_se``): exact-match accuracy when the task has answers.
 * sampled metrics, from ``diversity_samples`` completions at temperature 1 for ``diversity_prompts``
-  prompts: ``sample_reward``, ``kl_k1`` and ``kl_k3`` (sequence KL(pi || pi_ref) estimates, nats, when a
-  reference is available), ``entropy`` (mean per-token entropy, nats), ``distinct_1`` / ``distinct_2``
-  (across samples of the same prompt), ``completion_length`` (tokens), ``max_repeat``.
+  prompts: ``sample_reward`` (+ ``_se``, the run's reward), ``kl_k1`` and ``kl_k3`` (sequence KL(pi || pi_ref)
+  estimates, nats, when a reference is available; ``kl_method`` says how it was obtained), ``entropy`` (mean
+  per-token entropy, nats), ``distinct_1`` / ``distinct_2`` (across samples of the same prompt),
+  ``completion_length`` (tokens), ``max_repeat``.
+* gold reward (``eval.gold_reward.functions``, e.g. the verifier a reward model was trained to imitate;
+  Gao et al. 2023): ``gold_task_reward`` (+ ``_se``) on the greedy completions and ``gold_sample_reward``
+  (+ ``_se``) on the sampled ones, next to the run's (proxy) ``task_reward`` / ``sample_reward``.
 * ``pass_at_k``: fraction of problems with at least one correct sample among k (Chen et al. 2021).
 * ``preference_accuracy`` (+ ``_se``): held-out pairs whose implicit reward ranks chosen above rejected
   (a tie counts one half: before DPO training every pair ties, which is chance, 0.5).
+
+Policies without per-token log-probs. A policy object may set ``tractable_logps = False`` (best-of-n:
+its sequence distribution has no token-level factorisation to evaluate): ``entropy`` is then left out, and
+its KL to the reference comes from the policy's ``analytic_kl`` (nats per sequence, e.g. log n - (n-1)/n)
+under the same keys ``kl_k1`` / ``kl_k3`` (standard error 0), with ``kl_method = "analytic"``; otherwise
+``kl_method = "sampled"`` (k1 / k3 Monte-Carlo estimates on the samples).
+
+A reward function that cannot score the held-out prompts (e.g. ``correctness`` on a preference file
+without an ``answer`` column) is reported once as a warning and its reward metrics are left out; the
+other metrics are still computed.
 
 Standard errors are binomial/normal: sqrt(var / n).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -24,8 +40,11 @@ from tqdm.auto import tqdm
 
 from prefzoo.algos.base import SamplingParams
 from prefzoo.data.preference import collate_preferences
+from prefzoo.errors import RewardError
 from prefzoo.evaluation.diversity import grouped_distinct_n, max_repeat_run
 from prefzoo.objective import kl_estimate
+
+log = logging.getLogger(__name__)
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -49,13 +68,16 @@ class Evaluator:
         preference_examples: held-out preference pairs, or None.
         algo: the plugin (for ``implicit_rewards`` on preference pairs).
         group_size: k for pass@k (the online algorithms' group size), or 0 to skip.
+        gold_reward_fn: a second reward, the gold standard the run's (proxy) reward stands in for, or None.
     """
 
     def __init__(self, policy, reward_fn, prompts, cfg, *, correctness_fn=None, preference_examples=None, algo=None,
-                 group_size: int = 0, seed: int = 0, progress: bool = True):
+                 group_size: int = 0, seed: int = 0, progress: bool = True, gold_reward_fn=None):
         self.policy, self.reward_fn, self.cfg = policy, reward_fn, cfg
         self.prompts = prompts.subset(min(cfg.num_problems, len(prompts))) if prompts is not None else None
         self.correctness_fn = correctness_fn
+        self.gold_reward_fn = gold_reward_fn
+        self._unusable: set[str] = set()  # reward functions that could not score these prompts (warned once)
         self.preference_examples = preference_examples
         self.algo, self.group_size, self.seed, self.progress = algo, group_size, seed, progress
 
@@ -78,19 +100,35 @@ class Evaluator:
     def _score(self, fn, prompt_texts, texts, cols) -> list[float]:
         return [float(r) for r in fn(prompt_texts, texts, **cols)]
 
+    def _try_score(self, name: str, fn, prompt_texts, texts, cols) -> list[float] | None:
+        """``fn``'s scores, or None (with one warning) when it cannot score these prompts."""
+        if fn is None or name in self._unusable:
+            return None
+        try:
+            return self._score(fn, prompt_texts, texts, cols)
+        except RewardError as err:
+            self._unusable.add(name)
+            log.warning("evaluation: the %s cannot score the held-out prompts, its metrics are left out: %s", name, err)
+            return None
+
     @torch.no_grad()
     def task_metrics(self) -> dict:
         params = SamplingParams(max_new_tokens=self.cfg.max_new_tokens, greedy=True)
-        rewards, correct, examples = [], [], []
+        rewards, gold, correct, examples = [], [], [], []
+        n = 0
         for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(len(self.prompts))), 1, params,
                                                                    "greedy answers"):
-            rewards += self._score(self.reward_fn, prompt_texts, texts, cols)
-            if self.correctness_fn is not None:
-                correct += self._score(self.correctness_fn, prompt_texts, texts, cols)
+            n += len(texts)
+            rewards += self._try_score("reward", self.reward_fn, prompt_texts, texts, cols) or []
+            gold += self._try_score("gold reward", self.gold_reward_fn, prompt_texts, texts, cols) or []
+            correct += self._try_score("correctness", self.correctness_fn, prompt_texts, texts, cols) or []
             examples += [{"prompt": p[-200:], "completion": t} for p, t in zip(prompt_texts, texts)][: 3 - len(examples)]
-        out = {"n_problems": len(rewards)}
-        out["task_reward"], out["task_reward_se"] = _mean_se(rewards)
-        if correct:
+        out = {"n_problems": n}
+        if len(rewards) == n:
+            out["task_reward"], out["task_reward_se"] = _mean_se(rewards)
+        if gold and len(gold) == n:
+            out["gold_task_reward"], out["gold_task_reward_se"] = _mean_se(gold)
+        if correct and len(correct) == n:
             out["task_accuracy"], out["task_accuracy_se"] = _mean_se(correct)
         out["greedy_examples"] = examples
         return out
@@ -99,27 +137,41 @@ class Evaluator:
     def sampled_metrics(self) -> dict:
         k, n = self.cfg.diversity_samples, min(self.cfg.diversity_prompts, len(self.prompts))
         params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
-        texts_all, rewards, kl1, kl3, ent, lengths = [], [], [], [], [], []
-        has_ref = getattr(self.policy, "reference", None) is not None
+        texts_all, rewards, gold, kl1, kl3, ent, lengths = [], [], [], [], [], [], []
+        tractable = getattr(self.policy, "tractable_logps", True)
+        has_ref = tractable and getattr(self.policy, "reference", None) is not None
         for texts, prompt_texts, cols, samples in self._generate(self.prompts, list(range(n)), k, params, "samples"):
             texts_all += texts
-            rewards += self._score(self.reward_fn, prompt_texts, texts, cols)
-            logps, entropy = self.policy.logps(samples, with_entropy=True)
+            rewards += self._try_score("reward", self.reward_fn, prompt_texts, texts, cols) or []
+            gold += self._try_score("gold reward", self.gold_reward_fn, prompt_texts, texts, cols) or []
             mask = samples.completion_mask
-            ent += (entropy.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
             lengths += mask.sum(-1).tolist()
+            if not tractable:
+                continue
+            logps, entropy = self.policy.logps(samples, with_entropy=True)
+            ent += (entropy.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
             if has_ref:
                 log_ratio = (logps - self.policy.ref_logps(samples)).masked_fill(~mask, 0.0)
                 kl1 += (kl_estimate(log_ratio, "k1") * mask).sum(-1).tolist()
                 kl3 += (kl_estimate(log_ratio, "k3") * mask).sum(-1).tolist()
-        out = {"sample_reward": _mean_se(rewards)[0], "entropy": _mean_se(ent)[0],
-               "distinct_1": grouped_distinct_n(texts_all, k, 1), "distinct_2": grouped_distinct_n(texts_all, k, 2),
+        out = {"distinct_1": grouped_distinct_n(texts_all, k, 1), "distinct_2": grouped_distinct_n(texts_all, k, 2),
                "completion_length": _mean_se(lengths)[0],
                "max_repeat": _mean_se([float(max_repeat_run(t)) for t in texts_all])[0],
                "sample_examples": texts_all[:: k][:3]}
-        if has_ref:
+        if len(rewards) == len(texts_all):
+            out["sample_reward"], out["sample_reward_se"] = _mean_se(rewards)
+        if gold and len(gold) == len(texts_all):
+            out["gold_sample_reward"], out["gold_sample_reward_se"] = _mean_se(gold)
+        if ent:
+            out["entropy"] = _mean_se(ent)[0]
+        analytic = getattr(self.policy, "analytic_kl", None)
+        if analytic is not None:
+            out.update({"kl_k1": float(analytic), "kl_k1_se": 0.0, "kl_k3": float(analytic), "kl_k3_se": 0.0,
+                        "kl_method": "analytic"})
+        elif has_ref:
             out["kl_k1"], out["kl_k1_se"] = _mean_se(kl1)
             out["kl_k3"], out["kl_k3_se"] = _mean_se(kl3)
+            out["kl_method"] = "sampled"
         return out
 
     @torch.no_grad()
@@ -155,7 +207,7 @@ class Evaluator:
             if self.prompts is not None and len(self.prompts):
                 out.update(self.task_metrics())
                 out.update(self.sampled_metrics())
-                if self.group_size > 1 and self.correctness_fn is not None:
+                if self.group_size > 1 and self.correctness_fn is not None and "correctness" not in self._unusable:
                     out.update(self.pass_at_k())
             if self.preference_examples and self.algo is not None and hasattr(self.algo, "implicit_rewards"):
                 out.update(self.preference_metrics())

@@ -10,6 +10,28 @@ One training step:
 3. log the metrics (``metrics.jsonl``, TensorBoard, progress bar), checkpoint every ``save_every``
    steps.
 
+Around the steps: the shared evaluation (:class:`~prefzoo.evaluation.evaluate.Evaluator`) before training, every
+``eval.every`` steps (and every ``trainer.early_stopping.every`` steps with early stopping on
+``trainer.early_stopping.metric``, best weights in ``best/``), and after training -- also when there was no step
+(``trainer.max_steps=0``, or a plugin that trains nothing, ``trains = False``: best-of-n), which measures the
+starting policy. The plugin chooses the policy evaluated (``Algorithm.evaluation_policy``: best-of-n's own
+sampling procedure). ``objective.kl_budget`` stops the run once the latest KL(pi || pi_ref) measurement -- the
+step's rollouts (metric ``kl``, online algorithms) or else the last held-out evaluation -- reaches it (nats per
+sequence: the KL "spent" since the start). ``summary.json`` gathers it all; its ``results`` block has the same keys
+for every algorithm (:data:`RESULT_KEYS`).
+
+Data parallelism (``accelerate launch`` / ``torchrun`` with several processes, see
+:mod:`prefzoo.training.distributed`): ``trainer.batch_size`` is the GLOBAL batch. Every process draws the
+same global batch and takes its own contiguous shard of it (whole prompts for online algorithms,
+:mod:`prefzoo.training.sharding`); each prompt's rollout is seeded by (seed, step, its position in the global
+batch), so it samples the same whatever process holds it. Gradient-carrying forward passes go through DDP;
+micro-batches but the last of an optimizer step run under ``no_sync``; the loss normaliser is all-reduced
+and the loss multiplied by the number of processes (DDP averages), so the update equals one process's on
+the global batch. Mini-batches (``num_minibatches`` > 1) are drawn from the global rows (process 0's
+permutation, broadcast). Step metrics are reduced over processes (:func:`~prefzoo.training.sharding.reduce_metrics`).
+Only the main process logs, evaluates and writes checkpoints, weights and the summary; the others wait at
+barriers, and every process resumes from the same checkpoint files.
+
 Gradient accumulation gives the same update as one big batch: the plugin returns per-token or
 per-example losses, and every micro-batch divides its summed loss by the normaliser of the whole
 mini-batch (all its tokens or sequences, across processes too), see
@@ -18,6 +40,7 @@ mini-batch (all its tokens or sequences, across processes too), see
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -32,7 +55,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from prefzoo.algos import get_algorithm
-from prefzoo.algos.base import Algorithm, Batch, SamplingParams
+from prefzoo.algos.base import ROLLOUT_SEED_COLUMN, Algorithm, Batch, SamplingParams
 from prefzoo.config import Config, resolve_objective
 from prefzoo.data.preference import collate_preferences
 from prefzoo.evaluation.evaluate import Evaluator
@@ -40,12 +63,14 @@ from prefzoo.models.loading import load_tokenizer
 from prefzoo.training.early_stopping import EarlyStopping
 from prefzoo.training.checkpoint import (latest_checkpoint, load_trainer_state, load_weights, rng_state,
                                          save_checkpoint, save_weights, set_rng_state)
+from prefzoo.training.distributed import DataParallel, TrainableModules, setup_data_parallel
 from prefzoo.training.metrics_log import MetricsLog
 from prefzoo.training.sampler import IndexSampler
+from prefzoo.training.sharding import minibatch_rows, reduce_metrics, rollout_seeds, shard_range
 from prefzoo.training.step import accumulate_gradients  # noqa: F401  (re-exported: it lives in step.py)
 from prefzoo.training.scoring import TextScorer
-from prefzoo.training.setup import (build_policy, build_reward, correctness_function, pick_device, preference_data,
-                                    task_prompts)
+from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, correctness_function,
+                                    heldout_pair_prompts, pick_device, preference_data, task_prompts)
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +93,21 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 class Trainer:
-    """Runs one configured experiment in ``run_dir`` (see the module docstring)."""
+    """Runs one configured experiment in ``run_dir`` (see the module docstring).
 
-    def __init__(self, cfg: Config, run_dir: Path):
+    ``dp``: this process's place among data-parallel processes (default: set up from the launch environment
+    by :func:`~prefzoo.training.distributed.setup_data_parallel`; a single process when not launched as several).
+    """
+
+    def __init__(self, cfg: Config, run_dir: Path, dp: DataParallel | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         t = cfg.trainer
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
         seed_everything(t.seed)
-        self.device = pick_device(t.device)
+        self.dp = dp if dp is not None else setup_data_parallel(cfg, pick_device(t.device))
+        self.device = self.dp.device or pick_device(t.device)
         algo_cls = get_algorithm(cfg.algo.name)
         self.objective = resolve_objective(cfg)
         self.algo: Algorithm = algo_cls(cfg.algo, self.objective)
@@ -85,13 +115,19 @@ class Trainer:
         self.reward_fn = build_reward(cfg)
         self.train_prompts, self.eval_prompts = (task_prompts(cfg, self.tokenizer)
                                                  if self.algo.online or cfg.data.path is None else (None, None))
+        if self.eval_prompts is None and cfg.data.path:  # a preference file: evaluate on its held-out pairs' prompts
+            self.eval_prompts = heldout_pair_prompts(cfg, self.tokenizer)
         self.prefs = None
         self.data_stats: dict = {}
-        if not self.algo.online:
-            self.prefs, self.data_stats = preference_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
-                                                          self.eval_prompts, self.device)
-        built = build_policy(cfg, self.algo, self.tokenizer, self.device)
+        with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
+            if not self.algo.online:
+                self.prefs, self.data_stats = preference_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
+                                                              self.eval_prompts, self.device)
+            built = build_policy(cfg, self.algo, self.tokenizer, self.device)
         self.policy, self.model, self.load_seconds = built.policy, built.model, built.load_seconds
+        if self.dp.rank > 0:  # the model is built alike everywhere; from here on (dropout) each process draws its own
+            seed_everything(t.seed + 1_000_003 * self.dp.rank)
+        self.algo.all_reduce = self.dp.all_reduce_sum if self.dp.enabled else None
         n_rows = len(self.prefs.train) if self.prefs is not None else len(self.train_prompts)
         self.sampler = IndexSampler(n_rows, t.batch_size, t.seed)
         self.ref_cache = self.precompute_reference() if getattr(cfg.algo, "precompute_ref_logps", False) else None
@@ -100,28 +136,41 @@ class Trainer:
             self.params += [p for p in self.policy.value_model.parameters() if p.requires_grad
                             and not any(p is q for q in self.params)]
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
-        self.optimizer_steps = t.max_steps * self.algo.epochs * self.algo.num_minibatches
+        self.train_module = None  # DDP over the trainable modules (data parallel only)
+        if self.dp.enabled:
+            self.train_module = self.dp.wrap(TrainableModules(self.model, self.policy.value_model))
+            self.policy.train_forward = self.train_module
+        self.max_steps = t.max_steps if self.algo.trains else 0  # best-of-n: no training steps
+        self.optimizer_steps = self.max_steps * self.algo.epochs * self.algo.num_minibatches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, self.optimizer_steps))
         self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.algo.online else None
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
-        self.evaluator = Evaluator(self.policy, self.reward_fn, self.eval_prompts, cfg.eval,
+        self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer), self.reward_fn,
+                                   self.eval_prompts, cfg.eval,
                                    correctness_fn=correctness_function(cfg, self.eval_prompts),
                                    preference_examples=self.prefs.eval if self.prefs else None, algo=self.algo,
                                    group_size=getattr(self.algo.cfg, "num_generations", 0), seed=t.seed,
-                                   progress=t.progress)
-        self.metrics_log = MetricsLog(self.run_dir, tensorboard=t.tensorboard)
+                                   progress=t.progress, gold_reward_fn=build_gold_reward(cfg))
+        self.metrics_log = MetricsLog(self.run_dir, tensorboard=t.tensorboard, enabled=self.dp.is_main)
         self.step = 0
-        self.cumulative_kl = 0.0
+        self.kl_spent: float | None = None  # the latest KL(pi || pi_ref) measurement, nats per sequence
+        self.eval_history: list[dict] = []  # {"step", numeric evaluation metrics...}: before, every N steps, after
+        self.train_seconds = 0.0  # time in training steps (rollouts and updates), evaluations excluded
         es = t.early_stopping
         self.early_stopping = EarlyStopping(es.metric, es.mode, es.patience, es.min_delta) if es.metric else None
+        self.check_kl_budget()
 
     # ----------------------------------------------------------------- batches
     def next_batch(self) -> tuple[Batch, dict]:
+        """This process's share of the step's global batch (all of it in one process)."""
         idx = self.sampler.next()
+        start, stop = shard_range(len(idx), self.dp.rank, self.dp.world_size)
+        idx = idx[start:stop]
         if self.algo.online:
             prompts = self.train_prompts.batch(idx, self.policy.pad_id).to(self.device)
+            prompts.columns[ROLLOUT_SEED_COLUMN] = rollout_seeds(self.cfg.trainer.seed, self.step, range(start, stop))
             return self.algo.make_experience(self.policy, prompts, self.scorer, self.sampling)
         examples = [self.prefs.train[i] for i in idx]
         return collate_preferences(examples, idx, self.policy.pad_id, self.ref_cache).to(self.device), {}
@@ -131,27 +180,46 @@ class Trainer:
         """Summed reference log-probs of every training pair, computed once (``algo.precompute_ref_logps``)."""
         cache: dict[int, tuple[float, float]] = {}
         size = self.cfg.trainer.micro_batch_size
-        for start in tqdm(range(0, len(self.prefs.train), size), desc="reference log-probs",
-                          disable=not self.cfg.trainer.progress):
-            idx = list(range(start, min(start + size, len(self.prefs.train))))
+        mine = list(range(self.dp.rank, len(self.prefs.train), self.dp.world_size))  # every process computes a share
+        for start in tqdm(range(0, len(mine), size), desc="reference log-probs",
+                          disable=not (self.cfg.trainer.progress and self.dp.is_main)):
+            idx = mine[start:start + size]
             batch = collate_preferences([self.prefs.train[i] for i in idx], idx, self.policy.pad_id).to(self.device)
             chosen, rejected = self.algo.reference_logps(self.policy, batch)
             cache.update({i: (float(c), float(r)) for i, c, r in zip(idx, chosen.tolist(), rejected.tolist())})
+        if self.dp.enabled:
+            for part in self.dp.gather_objects(cache):
+                cache.update(part)
         return cache
+
+    def row_layout(self, n: int) -> tuple[int, int]:
+        """(offset of this process's first row among the global rows, number of global rows) of a step's batch,
+        whose rows are the processes' rows concatenated in rank order."""
+        if not self.dp.enabled:
+            return 0, n
+        counts = self.dp.gather_objects(n)
+        return sum(counts[:self.dp.rank]), sum(counts)
 
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         batch, metrics = self.next_batch()
         t1 = time.perf_counter()
         n = len(batch)
-        per_mb = math.ceil(n / self.algo.num_minibatches)
+        offset, n_global = self.row_layout(n)
+        per_mb = math.ceil(n_global / self.algo.num_minibatches)
+        dp = self.dp
+        parallel = {} if not dp.enabled else {
+            "all_reduce": dp.all_reduce_sum, "loss_scale": float(dp.world_size), "placeholder": batch.select([0]),
+            "no_sync": lambda: dp.no_sync(self.train_module)}
         step_metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.algo.epochs):
-            order = torch.randperm(n).tolist() if self.algo.num_minibatches > 1 else list(range(n))
-            for start in range(0, n, per_mb):
-                mb = batch.select(order[start:start + per_mb])
+            order = list(range(n_global))
+            if self.algo.num_minibatches > 1:  # one permutation of the GLOBAL rows (process 0's)
+                order = dp.broadcast_object(torch.randperm(n_global).tolist())
+            for start in range(0, n_global, per_mb):
+                mb = batch.select(minibatch_rows(order[start:start + per_mb], offset, n))
                 self.optimizer.zero_grad(set_to_none=True)
-                m = accumulate_gradients(self.algo, self.policy, mb, self.cfg.trainer.micro_batch_size)
+                m = accumulate_gradients(self.algo, self.policy, mb, self.cfg.trainer.micro_batch_size, **parallel)
                 clip = self.cfg.trainer.max_grad_norm
                 m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf")))
                 m["lr"] = self.scheduler.get_last_lr()[0]
@@ -164,18 +232,24 @@ class Trainer:
         out.update(metrics)
         if self.scorer is not None:
             out.update(self.scorer.last_metrics)
-        out.update(self.algo.after_step(out, n))
         tokens = getattr(batch, "num_tokens", None)
         tokens = tokens() if callable(tokens) else n
         out.update({"time/step": t2 - t0, "time/update": t2 - t1, "time/experience": t1 - t0,
-                    "tokens_per_second": tokens * self.algo.epochs / max(t2 - t1, 1e-9), "beta": self.algo.beta})
+                    "tokens_per_second": tokens * self.algo.epochs / max(t2 - t1, 1e-9)})
+        if dp.enabled:  # global metrics (the same on every process, so after_step adapts beta alike everywhere)
+            out = reduce_metrics(dp.gather_objects((n, out)))
+        out.update(self.algo.after_step(out, n_global))
+        out["beta"] = self.algo.beta
         return out
 
     # -------------------------------------------------------------- checkpoints
     def trainer_state(self) -> dict:
+        """Everything to resume from (called by every process: the RNG states of all of them are gathered)."""
+        rng = rng_state(self.policy.generator)
         return {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "algo": self.algo.state_dict(),
-                "rng": rng_state(self.policy.generator), "cumulative_kl": self.cumulative_kl,
+                "rng": rng, "rng_per_process": self.dp.gather_objects(rng) if self.dp.enabled else None,
+                "kl_spent": self.kl_spent, "eval_history": self.eval_history, "train_seconds": self.train_seconds,
                 "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
                 "value_model": self.policy.value_model.state_dict() if self.policy.value_model is not None else None}
 
@@ -191,9 +265,13 @@ class Trainer:
         self.algo.load_state_dict(state["algo"])
         if state.get("value_model") is not None:
             self.policy.value_model.load_state_dict(state["value_model"])
-        set_rng_state(state["rng"], self.policy.generator)
+        per_process = state.get("rng_per_process")
+        same_world = per_process is not None and len(per_process) == self.dp.world_size
+        set_rng_state(per_process[self.dp.rank] if same_world else state["rng"], self.policy.generator)
         self.step = state["step"]
-        self.cumulative_kl = state.get("cumulative_kl", 0.0)
+        self.kl_spent = state.get("kl_spent")
+        self.eval_history = list(state.get("eval_history") or [])
+        self.train_seconds = state.get("train_seconds", 0.0)
         if self.early_stopping is not None and state.get("early_stopping"):
             self.early_stopping.load_state_dict(state["early_stopping"])
         self.metrics_log.truncate_after(self.step)
@@ -201,56 +279,106 @@ class Trainer:
         return True
 
     def save(self) -> None:
-        save_checkpoint(self.run_dir, self.step, self.model, self.trainer_state())
+        """Write a checkpoint (main process; every process calls this, and waits until it is written)."""
+        state = self.trainer_state()
+        if self.dp.is_main:
+            save_checkpoint(self.run_dir, self.step, self.model, state)
+        self.dp.barrier()
 
     # --------------------------------------------------------------------- run
     def evaluate(self, tag: str) -> dict:
+        """Run the shared evaluation, write ``eval_<tag>.json`` and add the result to the eval history."""
         start = time.perf_counter()
         result = self.evaluator.run()
         result["seconds"] = round(time.perf_counter() - start, 1)
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
+        self.eval_history.append({"step": self.step, "tag": tag,
+                                  **{k: v for k, v in result.items() if isinstance(v, (int, float, str))
+                                     and not k.endswith("examples")}})
         return result
 
-    def early_stop_check(self, metrics: dict) -> bool:
-        """Evaluate on held-out data (results added to ``metrics`` as ``eval/...``); keep the best weights in
-        ``best/``; True when the metric has not improved for ``patience`` evaluations."""
-        result = self.evaluate(f"step{self.step:06d}")
-        improved, stop = self.early_stopping.update(result, self.step)
-        metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
-        if improved:
-            save_weights(self.model, self.run_dir / "best")
-        return stop
+    def periodic_evaluation(self, metrics: dict) -> tuple[bool, float | None]:
+        """Evaluate on held-out data during training (every ``eval.every`` steps, and every
+        ``trainer.early_stopping.every`` steps with early stopping): the result goes to ``eval_step<N>.json``, the
+        eval history and the step's metrics (``eval/...``); early stopping keeps the best weights in ``best/``.
+
+        Returns (stop, kl): stop is True when the early-stopping metric has not improved for ``patience``
+        evaluations; kl is the evaluation's KL(pi || pi_ref) estimate (``kl_k1``, nats per sequence) or None. The
+        main process evaluates; its answer is broadcast."""
+        stop, kl = False, None
+        if self.dp.is_main:
+            result = self.evaluate(f"step{self.step:06d}")
+            metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
+            kl = result.get("kl_k1")
+            if self.early_stopping is not None and self.step % self.cfg.trainer.early_stopping.every == 0:
+                improved, stop = self.early_stopping.update(result, self.step)
+                if improved:
+                    save_weights(self.model, self.run_dir / "best")
+        stop, kl = self.dp.broadcast_object((bool(stop), kl))
+        return stop, kl
+
+    def evaluation_due(self) -> bool:
+        """Whether this step ends with a held-out evaluation (early stopping's, or ``eval.every``'s except at the
+        last step, which the evaluation after training covers)."""
+        t, every = self.cfg.trainer, self.cfg.eval.every
+        if self.early_stopping is not None and self.step % t.early_stopping.every == 0:
+            return True
+        last_step = self.step == self.max_steps and self.cfg.eval.after
+        return bool(every) and self.step % every == 0 and not last_step
+
+    def check_kl_budget(self) -> None:
+        """``objective.kl_budget`` needs a KL measurement: the online algorithms measure KL(pi || pi_ref) on every
+        step's rollouts (metric ``kl``); the others only in held-out evaluations during training.
+
+        Raises:
+            ConfigError: a KL budget, but nothing measures the KL during training.
+        """
+        from prefzoo.errors import ConfigError
+
+        if self.cfg.objective.kl_budget is None or not self.algo.trains:
+            return
+        if self.policy.reference is None:
+            raise ConfigError(f"objective.kl_budget is set, but this run has no reference to measure KL against "
+                              f"(algo={self.cfg.algo.name} without LoRA loads none); use LoRA or drop the budget.")
+        periodic = self.cfg.eval.every or self.cfg.trainer.early_stopping.metric
+        if not self.algo.online and not periodic:
+            raise ConfigError(f"objective.kl_budget: algo={self.cfg.algo.name} measures no KL while it trains (it "
+                              "samples nothing); set eval.every=N to measure KL(pi || pi_ref) on held-out samples every "
+                              "N steps, which the budget then uses.")
 
     def run(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
         started = time.perf_counter()
         resumed = self.maybe_resume()
+        main = self.dp.is_main
         before = None
-        if t.max_steps and cfg.eval.before and not (resumed and (self.run_dir / "eval_before.json").is_file()):
+        if main and self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / "eval_before.json").is_file()):
             before = self.evaluate("before")
             print_eval("before training", before)
-        elif (self.run_dir / "eval_before.json").is_file():
+        elif main and (self.run_dir / "eval_before.json").is_file():
             before = json.loads((self.run_dir / "eval_before.json").read_text())
-        bar = tqdm(total=t.max_steps, initial=self.step, desc=f"{cfg.algo.name}", disable=not t.progress,
-                   dynamic_ncols=True)
+        bar = tqdm(total=self.max_steps, initial=self.step, desc=f"{cfg.algo.name}",
+                   disable=not (t.progress and main), dynamic_ncols=True)
         last: dict = {}
-        stop_reason = "max_steps"
-        while self.step < t.max_steps:
+        stop_reason = "max_steps" if self.algo.trains else "no_training"
+        budget = cfg.objective.kl_budget
+        while self.step < self.max_steps:
             last = self.train_step()
             self.step += 1
-            if "kl" in last:
-                self.cumulative_kl += max(0.0, last["kl"])
-                last["cumulative_kl"] = self.cumulative_kl
-            stop = False
-            if self.early_stopping is not None and self.step % t.early_stopping.every == 0:
-                stop = self.early_stop_check(last)
-            if self.step % t.log_every == 0 or self.step == t.max_steps or stop:
+            self.train_seconds += last.get("time/step", 0.0)
+            stop, eval_kl = self.periodic_evaluation(last) if self.evaluation_due() else (False, None)
+            kl = last.get("kl", eval_kl)  # this step's rollouts, else a held-out evaluation at this step
+            if kl is not None:
+                self.kl_spent = float(kl)
+            if budget is not None and self.kl_spent is not None:
+                last["kl_spent"] = self.kl_spent
+            if self.step % t.log_every == 0 or self.step == self.max_steps or stop:
                 self.metrics_log.log(self.step, last)
             bar.update(1)
             bar.set_postfix({k: f"{last[k]:.3g}" for k in self.algo.progress_keys if k in last})
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
-            if cfg.objective.kl_budget is not None and self.cumulative_kl >= cfg.objective.kl_budget:
+            if budget is not None and self.kl_spent is not None and self.kl_spent >= budget:
                 stop_reason = "kl_budget"
                 break
             if stop:
@@ -259,38 +387,90 @@ class Trainer:
         bar.close()
         if self.step and (not t.save_every or self.step % t.save_every):
             self.save()
-        weights = save_weights(self.model, self.run_dir)
-        if hasattr(self.algo, "save"):  # a plugin that leaves a model of its own (algo=rm: the reward model)
-            self.algo.save(self.run_dir, self.policy)
-        after = None
-        if cfg.eval.after and t.max_steps:
-            after = self.evaluate("after")
-            print_eval("after training", after)
-        summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason, weights)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary = None
+        if main:
+            weights = save_weights(self.model, self.run_dir)
+            if hasattr(self.algo, "save"):  # a plugin that leaves a model of its own (algo=rm: the reward model)
+                self.algo.save(self.run_dir, self.policy)
+            after = None
+            if cfg.eval.after:  # also with no training step: a max_steps=0 run measures its starting policy
+                after = self.evaluate("after")
+                print_eval("after training" if self.step else "(no training steps)", after)
+            summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason, weights)
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.metrics_log.close()
-        return summary
+        return self.dp.broadcast_object(summary)  # every process returns the main process's summary
+
+
+#: ``summary["results"]``: the comparable numbers of a run, the same keys for every algorithm (None where a
+#: run has no such number). See :func:`results_block`.
+RESULT_KEYS = ("reward", "reward_se", "sample_reward", "sample_reward_se", "gold_reward", "gold_reward_se",
+               "gold_sample_reward", "gold_sample_reward_se", "task_accuracy", "task_accuracy_se",
+               "preference_accuracy", "kl", "kl_se", "kl_k3", "kl_method", "entropy", "distinct_1", "distinct_2",
+               "completion_length", "train_reward", "train_kl", "kl_spent", "steps", "stop_reason", "wall_seconds",
+               "train_seconds", "eval_seconds")
+
+
+def results_block(after: dict | None, last: dict, trainer, stop_reason: str, seconds: float) -> dict:
+    """The flat, comparable block of ``summary.json`` (``results``), keys :data:`RESULT_KEYS`:
+
+    * ``reward`` / ``task_accuracy``: greedy answers to the held-out prompts under the run's reward (the proxy
+      when a gold reward is evaluated) / exact match; ``sample_reward``: temperature-1 samples;
+      ``gold_reward`` / ``gold_sample_reward``: the same answers under ``eval.gold_reward``;
+    * ``kl`` (+ ``kl_se``), ``kl_k3``: KL(pi || pi_ref) in nats per sequence on held-out samples, k1 and k3
+      estimates (``kl_method = "sampled"``), or best-of-n's analytic log n - (n-1)/n (``"analytic"``); None
+      without a reference;
+    * ``entropy`` (nats per token), ``distinct_1`` / ``distinct_2``, ``completion_length`` (tokens);
+    * ``train_reward`` / ``train_kl``: the last training step's rollout reward and KL (online algorithms);
+      ``kl_spent``: the last KL measurement during training (what ``objective.kl_budget`` compares);
+    * ``steps``, ``stop_reason``; ``wall_seconds`` (the whole run after set-up: evaluations included),
+      ``train_seconds`` (training steps only) and ``eval_seconds`` (all evaluations).
+    """
+    a = after or {}
+    history = trainer.eval_history
+    values = {
+        "reward": a.get("task_reward"), "reward_se": a.get("task_reward_se"),
+        "sample_reward": a.get("sample_reward"), "sample_reward_se": a.get("sample_reward_se"),
+        "gold_reward": a.get("gold_task_reward"), "gold_reward_se": a.get("gold_task_reward_se"),
+        "gold_sample_reward": a.get("gold_sample_reward"), "gold_sample_reward_se": a.get("gold_sample_reward_se"),
+        "task_accuracy": a.get("task_accuracy"), "task_accuracy_se": a.get("task_accuracy_se"),
+        "preference_accuracy": a.get("preference_accuracy"),
+        "kl": a.get("kl_k1"), "kl_se": a.get("kl_k1_se"), "kl_k3": a.get("kl_k3"), "kl_method": a.get("kl_method"),
+        "entropy": a.get("entropy"), "distinct_1": a.get("distinct_1"), "distinct_2": a.get("distinct_2"),
+        "completion_length": a.get("completion_length"),
+        "train_reward": last.get("reward", last.get("score")), "train_kl": last.get("kl"),
+        "kl_spent": trainer.kl_spent, "steps": trainer.step, "stop_reason": stop_reason,
+        "wall_seconds": round(seconds, 1), "train_seconds": round(trainer.train_seconds, 1),
+        "eval_seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+    }
+    return {k: values[k] for k in RESULT_KEYS}
 
 
 def make_summary(cfg, trainer, before, after, last, seconds, stop_reason, weights) -> dict:
-    """The run's final numbers, under the same keys for every algorithm."""
+    """The run's final numbers, under the same keys for every algorithm (``results``: the flat block to compare
+    runs by, see :func:`results_block`; ``eval_history``: every held-out evaluation, with its step)."""
     strip = lambda d: {k: v for k, v in (d or {}).items() if not k.endswith("examples")}  # noqa: E731
     return {
         "algo": cfg.algo.name, "model": cfg.model.name, "data": cfg.data.name, "reward": cfg.reward.name,
+        "algo_settings": dataclasses.asdict(cfg.algo) if dataclasses.is_dataclass(cfg.algo) else dict(cfg.algo),
+        "gold_reward": list(cfg.eval.gold_reward.functions) or None,
         "beta": trainer.objective.beta, "final_beta": trainer.algo.beta, "divergence": trainer.objective.divergence,
         "kl_estimator": trainer.objective.kl_estimator, "kl_placement": trainer.objective.kl_placement,
         "seed": cfg.trainer.seed, "steps": trainer.step, "stop_reason": stop_reason,
         "wall_seconds": round(seconds, 1), "model_load_seconds": round(trainer.load_seconds, 1),
-        "eval_before": strip(before), "eval_after": strip(after), "final_train_metrics": last,
+        "results": results_block(after, last, trainer, stop_reason, seconds),
+        "eval_before": strip(before), "eval_after": strip(after), "eval_history": trainer.eval_history,
+        "final_train_metrics": last,
         "data_stats": trainer.data_stats or None, "weights": str(weights),
-        "cumulative_kl": trainer.cumulative_kl,
+        "kl_budget": cfg.objective.kl_budget, "kl_spent": trainer.kl_spent,
         "early_stopping": trainer.early_stopping.state_dict() if trainer.early_stopping else None,
+        "num_processes": trainer.dp.world_size,
     }
 
 
 def print_eval(title: str, result: dict) -> None:
-    keys = [k for k in ("task_accuracy", "task_reward", "preference_accuracy", "pass_at_4", "kl_k1", "entropy",
-                        "distinct_2") if k in result]
+    keys = [k for k in ("task_accuracy", "task_reward", "gold_task_reward", "sample_reward", "gold_sample_reward",
+                        "preference_accuracy", "pass_at_4", "kl_k1", "entropy", "distinct_2") if k in result]
     parts = []
     for k in keys:
         se = result.get(f"{k}_se")

@@ -43,6 +43,10 @@ def pick_device(name: str) -> torch.device:
 def task_prompts(cfg: Config, tokenizer) -> tuple[PromptSet, PromptSet]:
     """(train, held-out) prompt sets of the configured task or prompt file."""
     d = cfg.data
+    if d.name == "model":  # data=model (reward=model's default): the reward model's own task or prompt file
+        from prefzoo.rewards.model import reward_model_data
+
+        d = reward_model_data(cfg.reward.path, d)
     if d.name in BUILTIN_TASKS:
         kwargs = {"num_train": d.num_train, "num_eval": d.num_eval, "seed": d.seed}
         if d.name == "arithmetic":
@@ -131,7 +135,22 @@ def build_policy(cfg: Config, algo: Algorithm, tokenizer, device: torch.device) 
 
         value_model = build_value_model(cfg, model, device)
     gen = torch.Generator(device=device).manual_seed(cfg.trainer.seed)
-    policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen)
+    fast = m.fast
+    copies = [model] + ([reference.module] if reference is not None and reference.module is not model else [])
+    if fast.fused_lora and m.lora.enabled:
+        from prefzoo.models.fast_lora import enable_fast_lora
+
+        for module in copies:  # (the value adapter lives in the same layers)
+            enable_fast_lora(module)
+    if fast.gqa_attention:
+        from prefzoo.models.attention import use_gqa_attention
+
+        for module in copies:
+            use_gqa_attention(module)
+    policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen, fused_logps=fast.fused_logps,
+                            share_prompts=fast.share_prompts, head_chunk_size=fast.head_chunk_size,
+                            merged_rollout=fast.merged_rollout,
+                            compute_dtype=getattr(torch, m.compute_dtype) if m.compute_dtype else None)
     return Built(policy, model, tokenizer, time.perf_counter() - start)
 
 
@@ -142,6 +161,33 @@ def build_reward(cfg: Config):
 
         return make_reward([reward_model_function(cfg.reward.path)], None)
     return make_reward(list(cfg.reward.functions), list(cfg.reward.weights) if cfg.reward.weights else None)
+
+
+def build_gold_reward(cfg: Config):
+    """The evaluation's gold reward (``eval.gold_reward.functions``, weighted), or None when none is configured."""
+    gold = cfg.eval.gold_reward
+    if not gold.functions:
+        return None
+    return make_reward(list(gold.functions), list(gold.weights) if gold.weights else None)
+
+
+def heldout_pair_prompts(cfg: Config, tokenizer) -> PromptSet | None:
+    """Offline runs on a preference file: the prompts of its held-out pairs (the same split as
+    :func:`preference_data`), so the shared evaluation can sample answers to them (reward, KL, diversity);
+    None, with a warning, when the file's prompts cannot serve (no ``prompt`` column, over-long prompts)."""
+    from prefzoo.errors import DataError
+
+    d = cfg.data
+    try:
+        if d.eval_split:
+            table = load_table(d.path, d.eval_split)
+        else:
+            table = load_table(d.path, d.split).train_test_split(test_size=d.eval_fraction, seed=d.seed)["test"]
+        return tokenize_prompts(table, tokenizer, d.max_prompt_length, "skip", f"{d.path} (held-out prompts)")
+    except DataError as err:
+        log.warning("no held-out prompts from %s for the task evaluation (reward, KL, diversity are left out): %s",
+                    cfg.data.path, err)
+        return None
 
 
 def correctness_function(cfg: Config, prompts: PromptSet | None):

@@ -11,7 +11,9 @@ code as :class:`prefzoo.training.loop.Trainer` without importing models, tokeniz
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from typing import Callable, ContextManager
 
 import torch
 
@@ -22,27 +24,39 @@ __all__ = ["accumulate_gradients"]
 
 
 def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size: int, all_reduce=None,
-                         loss_scale: float = 1.0) -> dict[str, float]:
+                         loss_scale: float = 1.0, no_sync: Callable[[], ContextManager] | None = None,
+                         placeholder: Batch | None = None) -> dict[str, float]:
     """Backpropagate the loss of ``batch`` through micro-batches, normalised over the whole batch.
 
     Args:
         all_reduce: callable summing a tensor over data-parallel processes (None: one process).
         loss_scale: multiplies each micro-batch loss (the number of processes under DDP, which averages).
+        no_sync: data parallelism: a context-manager factory (DDP's ``no_sync``) entered around the forward and
+            backward of every micro-batch but the last, so gradients are all-reduced once per call.
+        placeholder: data parallelism: rows to run with weight 0 when ``batch`` is empty on this process (every
+            process must take part in the gradient all-reduce); unused when ``batch`` has rows.
 
     Returns:
-        metrics averaged over micro-batches (weighted by rows), plus ``loss`` (the batch's total loss).
+        metrics averaged over micro-batches (weighted by rows), plus ``loss`` (this process's share of the
+        batch's total loss: the sum over processes is the global batch's loss).
     """
     micros = batch.chunks(micro_batch_size)
     normaliser = torch.tensor(float(sum(algo.normaliser(m) for m in micros)))
     if all_reduce is not None:
         normaliser = all_reduce(normaliser)
+    if not micros and placeholder is not None:  # no rows here: join the all-reduce with zero gradients
+        out = algo.loss(policy, placeholder)
+        (aggregate_loss(out.values, out.mask, algo.aggregation, float(normaliser)) * 0.0).backward()
+        return {"loss": 0.0}
     sums: dict[str, float] = defaultdict(float)
     rows = 0
     total = 0.0
-    for m in micros:
-        out = algo.loss(policy, m)
-        loss = aggregate_loss(out.values, out.mask, algo.aggregation, float(normaliser))
-        (loss * loss_scale).backward()
+    for i, m in enumerate(micros):
+        sync = no_sync is None or i == len(micros) - 1
+        with contextlib.nullcontext() if sync else no_sync():
+            out = algo.loss(policy, m)
+            loss = aggregate_loss(out.values, out.mask, algo.aggregation, float(normaliser))
+            (loss * loss_scale).backward()
         total += float(loss.detach())
         for k, v in out.metrics.items():
             sums[k] += float(v) * len(m)

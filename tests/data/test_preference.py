@@ -339,3 +339,18 @@ def test_sample_and_label_pairs_follow_the_verifier():
     assert all(r["chosen_reward"] > r["rejected_reward"] for r in rows)
     assert rows[0]["answer"] == 5 and rows[0]["chosen_reward"] == 1.0 and rows[0]["rejected_reward"] == 0.0
     assert stats["pairs"] == 1 and stats["samples"] == 8 and stats["mean_sample_reward"] == 4 / 8  # 1+0, 1+0, 1+1, 0+0
+
+
+def test_sample_and_label_without_requiring_an_ended_chosen():
+    """require_finished=False (data.pairs.require_finished=false): completions cut at the length limit compete as
+    they are, so prompt 1 of the script above now gives the pair (truncated '5 and more' over '7')."""
+    from prefzoo.algos.base import SamplingParams
+    from prefzoo.data.pairs import sample_and_label
+    from prefzoo.data.prompts import PromptSet
+
+    script = [[("5", True), ("7", True)], [("5 and more", False), ("7", True)], [("5", True), ("5", True)]]
+    prompts = PromptSet([ids(f"Q{i}") for i in range(3)], [f"Q{i}" for i in range(3)], {}, [f"Q{i}" for i in range(3)])
+    rows, _ = sample_and_label(ScriptedSampler(script), prompts,
+                               lambda p, c, **_: [1.0 if x.strip().startswith("5") else 0.0 for x in c], 2,
+                               SamplingParams(), batch_size=3, seed=0, progress=False, require_finished=False)
+    assert {r["prompt"]: r["chosen"][0]["content"] for r in rows} == {"Q0": "5", "Q1": "5 and more"}

@@ -1,14 +1,18 @@
-"""`python train.py -m` over a 2 x 2 grid of tiny runs, then `python -m prefzoo.report` on the sweep folder."""
+"""`python train.py -m` over a 2 x 2 grid of tiny runs, then `python -m prefzoo.report` on the sweep folder; the
+report's overoptimisation fits on synthetic runs; every recipe composes; a recipe end to end on the tiny model."""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from prefzoo.report import load_runs, markdown_table, swept_keys
+from prefzoo.report import load_runs, markdown_table, swept_keys, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
@@ -55,3 +59,153 @@ def test_swept_keys_ignores_constant_overrides():
     assert swept_keys(runs) == ["algo"]
     table = markdown_table(runs, ["algo"])
     assert table.splitlines()[2].startswith("| a | dpo |")
+
+
+def test_every_run_of_the_sweep_has_the_common_results_block(sweep):
+    """summary.json's results block has the same keys for DPO and SimPO; both are evaluated on the held-out pairs'
+    prompts of the file, so they have a KL to the reference (SimPO: the adapter-disabled model) and a reward."""
+    from prefzoo.training.loop import RESULT_KEYS
+
+    for run in load_runs(sweep):
+        results = run["summary"]["results"]
+        assert tuple(results) == RESULT_KEYS
+        assert isinstance(results["kl"], float) and isinstance(results["reward"], float), run["dir"].name
+
+
+def test_report_has_a_legend_and_the_frontier(sweep, tmp_path):
+    result = write_report(sweep, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "Columns (evaluation after training" in text and "`kl_k1`: KL(π ‖ π_ref)" in text
+    assert (tmp_path / "frontier.png") in result["plots"] and "## Overoptimisation" not in text
+    assert "*Reward–KL frontier:" in text  # every plot has its caption
+
+
+# ------------------------------------------------------------------------------ overoptimisation (synthetic runs)
+def _fake_run(root: Path, name: str, summary: dict, overrides: list[str]) -> None:
+    folder = root / name
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def _evaluation(step, kl, gold, proxy, **extra):
+    return {"step": step, "kl_k1": kl, "gold_sample_reward": gold, "sample_reward": proxy, **extra}
+
+
+def test_overoptimisation_section_fits_known_coefficients(tmp_path):
+    """Best-of-n points on gold = 0.2 + d(0.8 - 0.3 d) (n = 1..64, d = sqrt(log n - (n-1)/n)) and one RL trajectory on
+    gold = 0.2 + d(0.5 - 0.4 log d): the report recovers a, b, the peaks (bon d* = 4/3; rl d* = e^(0.25) = 1.284) and
+    draws overoptimisation.png; a reward-model run in the folder (no .hydra) is listed but not fitted."""
+    from prefzoo.evaluation.overoptimisation import predict
+    from prefzoo.objective import best_of_n_kl
+
+    for n in (1, 2, 4, 8, 16, 64):
+        d = math.sqrt(best_of_n_kl(n))
+        gold = 0.2 + float(predict("bon", d, 0.8, 0.3))
+        ev = _evaluation(0, best_of_n_kl(n), gold, 0.1 + d + 0.1 * d * d, kl_method="analytic")
+        _fake_run(tmp_path, f"bon{n}", {"algo": "bon", "beta": 0.0, "algo_settings": {"n": n}, "eval_after": ev,
+                                        "eval_history": [ev]}, [f"+recipe/overoptimisation_points=bon_n{n}"])
+    history = []
+    for step, d in enumerate([0.0, 0.3, 0.6, 1.0, 1.5, 2.0, 2.6, 3.2]):
+        history.append(_evaluation(5 * step, d * d, 0.2 + float(predict("rl", d, 0.5, 0.4)), 0.1 + 2 * d))
+    _fake_run(tmp_path, "grpo", {"algo": "grpo", "beta": 0.0, "eval_before": history[0], "eval_after": history[-1],
+                                 "eval_history": history}, ["+recipe/overoptimisation_points=grpo_beta0"])
+    (tmp_path / "reward_model").mkdir()
+    (tmp_path / "reward_model" / "summary.json").write_text(json.dumps(
+        {"algo": "rm", "eval_after": {"preference_accuracy": 0.8}}))
+
+    result = write_report(tmp_path)
+    fits = {(f["series"].split(" ")[0], f["reward"]): f["fit"] for f in result["fits"]}
+    bon, rl = fits[("best-of-n", "gold")], fits[("grpo", "gold")]
+    assert (bon.a, bon.b, bon.baseline) == pytest.approx((0.8, 0.3, 0.2), abs=1e-9)
+    assert (rl.a, rl.b) == pytest.approx((0.5, 0.4), abs=1e-9)
+    assert bon.peak[0] == pytest.approx(4 / 3) and rl.peak[0] == pytest.approx(math.exp(0.25))
+    assert fits[("best-of-n", "proxy")].peak is None  # the proxy keeps rising: no peak
+    text = (tmp_path / "report.md").read_text()
+    assert "## Overoptimisation: gold vs proxy reward" in text and "| 0.8 | 0.3 |" in text
+    assert (tmp_path / "overoptimisation.png") in result["plots"]
+    assert result["swept"] == ["recipe/overoptimisation_points"]  # the reward-model run does not count as a job
+    assert "| reward_model |" in text
+
+
+# ------------------------------------------------------------------------------------------------------ recipes
+RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_dir
+
+    from prefzoo.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def test_every_recipe_has_a_small_variant():
+    assert {"beta_sweep", "algo_compare", "divergence_compare", "overoptimisation", "diversity"} <= set(RECIPES)
+    for name in RECIPES:
+        assert name.endswith("_small") or f"{name}_small" in RECIPES, name
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_composes_and_every_sweep_point_validates(name, tmp_path):
+    """`python train.py -m +recipe=NAME` composes: the sweep folder names the recipe, the report callback is on, and
+    each point of the sweep (the product of hydra.sweeper.params) is a valid configuration."""
+    import itertools
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from prefzoo.config import to_typed
+
+    cfg = _compose([f"+recipe={name}"])
+    assert f"multirun/{name}/" in cfg.hydra.sweep.dir
+    assert cfg.hydra.callbacks.report._target_ == "prefzoo.recipes.WriteReport"
+    params = dict(cfg.hydra.sweeper.params)
+    assert params, "a recipe sweeps something"
+    grid = [[f"{k}={v.strip()}" for v in str(values).split(",")] for k, values in params.items()]
+    for point in itertools.product(*grid):
+        job = _compose([f"+recipe={name}", *point, f"hydra.sweep.dir={tmp_path}"])
+        HydraConfig.instance().set_config(job)  # ${hydra:sweep.dir} resolves as in a job
+        with open_dict(job):
+            del job["hydra"]
+        typed = to_typed(job)
+        assert typed.trainer.max_steps > 0
+
+
+def test_a_swept_value_on_the_command_line_replaces_the_recipe_list():
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cfg = _compose(["+recipe=beta_sweep_small"])
+    assert str(cfg.hydra.sweeper.params["objective.beta"]) == "0.01,0.1,1.0"
+    sweeper = BasicSweeper(max_batch_size=None, params=dict(cfg.hydra.sweeper.params))
+    args = sweeper._parse_config() + ["objective.beta=0.5,2", "algo=simpo"]
+    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
+    assert sorted(" ".join(j) for j in jobs) == ["objective.beta=0.5 algo=simpo", "objective.beta=2 algo=simpo"]
+
+
+def test_overoptimisation_recipe_end_to_end_on_the_tiny_model(tmp_path):
+    """`python train.py -m +recipe=overoptimisation_small` with the tiny model: the callback trains the proxy reward
+    model first (here on the fixture pairs, labelled by the exact-match verifier, the gold), best-of-n and GRPO run
+    against it, and the sweep ends with the report: gold/proxy columns, the overoptimisation section and plot."""
+    rm = ["algo=rm", "data=file", f"data.path={FIXTURE}", "data.eval_fraction=0.25", "trainer.max_steps=2",
+          "trainer.batch_size=4", "model.name=tiny", "trainer.num_threads=1", "trainer.progress=false",
+          "trainer.tensorboard=false", "trainer.save_every=0"]
+    cmd = [sys.executable, "train.py", "-m", "+recipe=overoptimisation_small", "model=tiny", "trainer.device=cpu",
+           "trainer.tensorboard=false", "eval.gold_reward.functions=[correctness]", "trainer.max_steps=4", "eval.every=2",
+           "eval.num_problems=4", "eval.diversity_prompts=4", "eval.max_new_tokens=6", "rollout.max_new_tokens=6",
+           "+recipe/overoptimisation_points=bon_n1,bon_n2,grpo_beta0",
+           "hydra.callbacks.reward_model.overrides=[" + ",".join(f"'{o}'" for o in rm) + "]",
+           f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "reward_model" / "value_model.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0-bon", "1-bon", "2-grpo", "reward_model"]
+    assert f"report of 4 runs: {tmp_path / 'report.md'}" in proc.stdout
+    text = (tmp_path / "report.md").read_text()
+    assert "## Overoptimisation: gold vs proxy reward" in text and "gold_sample_reward" in text
+    assert (tmp_path / "overoptimisation.png").is_file()
+    grpo = json.loads((tmp_path / "2-grpo" / "summary.json").read_text())
+    assert [h["step"] for h in grpo["eval_history"]] == [0, 2, 4] and grpo["reward"] == "model"

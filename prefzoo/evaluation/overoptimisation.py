@@ -1,0 +1,111 @@
+"""The functional forms of reward-model overoptimisation (Gao et al. 2023), fitted by least squares.
+
+Gao et al. 2023 ("Scaling Laws for Reward Model Overoptimization", eq. 1 and 2) measure the GOLD reward of a
+policy optimised against a PROXY reward model, as a function of d = sqrt(KL(pi || pi_ref)) (nats^1/2), and
+find, with R(0) = 0 (the gold reward of the initial policy subtracted):
+
+    best-of-n:  R_bon(d) = d (a - b d)          a parabola in d:  peak at d* = a / (2b),          R* = a^2 / (4b)
+    RL:         R_RL(d)  = d (a - b log d)      peak where a - b (log d + 1) = 0:  d* = exp(a/b - 1),  R* = b d*
+
+Both are linear in (a, b) -- R = a x1 - b x2 with x1 = d and x2 = d^2 (best-of-n) or d log d (RL) -- so the
+least-squares fit is an ordinary linear one (numpy ``lstsq``), no iterative optimiser. A fit with b <= 0 has no
+peak in d > 0 (the reward still rises over the range measured): ``peak`` then returns ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FORMS", "Fit", "fit", "predict", "observed_peak"]
+
+#: form name -> the regressor multiplying -b (the one multiplying a is d itself)
+FORMS = {"bon": "d^2", "rl": "d log d"}
+
+
+def _second(form: str, d: np.ndarray) -> np.ndarray:
+    if form == "bon":
+        return d ** 2
+    if form == "rl":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(d > 0, d * np.log(np.where(d > 0, d, 1.0)), 0.0)  # d log d -> 0 as d -> 0
+    raise ValueError(f"unknown functional form {form!r}; choose one of {', '.join(FORMS)}")
+
+
+def predict(form: str, d, a: float, b: float) -> np.ndarray:
+    """R(d) of the form: ``bon``: d (a - b d); ``rl``: d (a - b log d) (0 at d = 0). d >= 0, in sqrt(nats)."""
+    d = np.asarray(d, dtype=float)
+    return a * d - b * _second(form, d)
+
+
+@dataclass
+class Fit:
+    """A least-squares fit of R(d) (see the module docstring).
+
+    Attributes:
+        form: ``bon`` or ``rl``.
+        a, b: the coefficients (reward units per sqrt(nat); b of ``bon`` per nat).
+        r2: coefficient of determination of the fit against the points' mean (nan with < 2 points).
+        n: number of points.
+        baseline: the reward subtracted from every point before fitting (the reward at d = 0).
+    """
+
+    form: str
+    a: float
+    b: float
+    r2: float
+    n: int
+    baseline: float = 0.0
+
+    @property
+    def peak(self) -> tuple[float, float] | None:
+        """(d*, R*) where the fitted reward is highest, R* relative to the baseline; None if b <= 0 (no peak), or
+        for ``rl`` if d* = exp(a/b - 1) would exceed e^50 (b ~ 0)."""
+        if not self.b > 1e-9 * max(1.0, abs(self.a)):  # b <= 0 (or zero up to rounding): no peak
+            return None
+        if self.form == "bon":
+            return self.a / (2 * self.b), self.a ** 2 / (4 * self.b)
+        exponent = self.a / self.b - 1.0
+        if exponent > 50:  # a peak beyond d = e^50: none in any range that can be measured
+            return None
+        d_star = math.exp(exponent)
+        return d_star, self.b * d_star
+
+    def __call__(self, d) -> np.ndarray:
+        """The fitted reward at d, baseline added back (absolute reward units)."""
+        return predict(self.form, d, self.a, self.b) + self.baseline
+
+
+def fit(form: str, d, reward, baseline: float = 0.0) -> Fit:
+    """Least-squares (a, b) of ``reward - baseline = d (a - b d)`` (``bon``) or ``d (a - b log d)`` (``rl``).
+
+    Args:
+        form: ``bon`` or ``rl``.
+        d: sqrt(KL) of each point, >= 0.
+        reward: the reward at each point (same length).
+        baseline: the reward at d = 0 (the initial policy's), subtracted so that R(0) = 0 as in Gao et al.
+    Raises:
+        ValueError: unknown form, lengths differ, fewer than 2 points with d > 0, or a negative d.
+    """
+    d, r = np.asarray(d, dtype=float), np.asarray(reward, dtype=float) - baseline
+    if d.shape != r.shape or d.ndim != 1:
+        raise ValueError(f"d {d.shape} and reward {r.shape} must be 1-D and of one length")
+    if (d < 0).any() or not np.isfinite(d).all() or not np.isfinite(r).all():
+        raise ValueError("d must be finite and >= 0 (d = sqrt(KL)) and rewards finite")
+    if (d > 0).sum() < 2:
+        raise ValueError(f"fitting {form} needs at least 2 points with d > 0, got {(d > 0).sum()}")
+    x = np.stack([d, -_second(form, d)], axis=1)
+    (a, b), *_ = np.linalg.lstsq(x, r, rcond=None)
+    resid = r - x @ np.array([a, b])
+    total = ((r - r.mean()) ** 2).sum()
+    r2 = float(1 - (resid ** 2).sum() / total) if len(r) > 1 and total > 0 else float("nan")
+    return Fit(form, float(a), float(b), r2, int(len(r)), float(baseline))
+
+
+def observed_peak(d, reward) -> tuple[float, float]:
+    """(d, reward) of the point with the highest reward (the measured peak, no model)."""
+    d, r = np.asarray(d, dtype=float), np.asarray(reward, dtype=float)
+    i = int(np.argmax(r))
+    return float(d[i]), float(r[i])

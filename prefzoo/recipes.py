@@ -1,0 +1,81 @@
+"""Hydra callbacks that make a recipe (``recipes/*.yaml``, run as ``python train.py -m +recipe=NAME``) one command.
+
+* :class:`WriteReport` — ``on_multirun_end``: :func:`prefzoo.report.write_report` on the sweep folder, so every
+  sweep ends with ``report.md`` and its plots (and prints where they are).
+* :class:`TrainFirst` — ``on_multirun_start``: run one prerequisite training run before the sweep's jobs start
+  (the overoptimisation recipe trains its proxy reward model this way), in a folder of the sweep; skipped when
+  that folder already holds a finished run. It runs as a subprocess of ``train.py`` with the given overrides,
+  so it is an ordinary, reproducible prefzoo run (its own ``config.yaml``, ``summary.json``), and every
+  launcher (sequential, joblib, submitit) sees it finished before its jobs start.
+
+Use them from a config's ``hydra.callbacks`` (see ``recipes/``)::
+
+    hydra:
+      callbacks:
+        report:
+          _target_: prefzoo.recipes.WriteReport
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
+
+
+class WriteReport(Callback):
+    """Write the sweep's report (``report.md`` + plots) into the sweep folder when a multirun ends."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from prefzoo.report import write_report
+
+        root = Path(config.hydra.sweep.dir)
+        try:
+            result = write_report(root)
+        except SystemExit as err:  # no finished run: say so, do not hide the sweep's own outcome
+            print(f"[prefzoo] no report: {err}", flush=True)
+            return
+        print(f"[prefzoo] report of {result['runs']} runs: {result['report']}", flush=True)
+        for p in result["plots"]:
+            print(f"[prefzoo]   plot: {p}", flush=True)
+
+
+class TrainFirst(Callback):
+    """Before a multirun's jobs: ``python train.py <overrides> hydra.run.dir=<sweep dir>/<subdir>``, unless
+    ``<sweep dir>/<subdir>/<done_file>`` exists.
+
+    Args:
+        overrides: the prerequisite run's command-line overrides (e.g. ``[algo=rm, reward=sentiment, ...]``).
+        subdir: its folder inside the sweep folder; the sweep's jobs find it as ``${hydra:sweep.dir}/<subdir>``.
+        done_file: the file whose presence means the run is done (default ``summary.json``).
+        what: a few words for the log line.
+    Raises:
+        RuntimeError: the prerequisite run failed (its exit status and folder are in the message).
+    """
+
+    def __init__(self, overrides: list[str], subdir: str, done_file: str = "summary.json", what: str = "prerequisite"):
+        self.overrides, self.subdir, self.done_file, self.what = list(overrides), subdir, done_file, what
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(config.hydra.sweep.dir) / self.subdir
+        if (folder / self.done_file).is_file():
+            print(f"[prefzoo] {self.what}: found {folder}, not retrained", flush=True)
+            return
+        # hydra.output_subdir=null: no .hydra/ folder, so the report does not count it as one of the sweep's jobs
+        cmd = [sys.executable, str(TRAIN_PY), *self.overrides, f"hydra.run.dir={folder}", "hydra.output_subdir=null"]
+        print(f"[prefzoo] {self.what}: {' '.join(cmd[1:])}", flush=True)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=TRAIN_PY.parent)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {self.what} run failed (exit status {proc.returncode}); its folder: {folder}")
+        print(f"[prefzoo] {self.what}: done in {time.perf_counter() - start:.0f} s -> {folder}", flush=True)

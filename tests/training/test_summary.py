@@ -1,0 +1,45 @@
+"""summary.json holds the same comparable keys for every algorithm (``results``), KL to the reference included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prefzoo.training.loop import RESULT_KEYS, Trainer
+from tests.algos.hydra_runs import TINY_RUN, compose
+from tests.models.helpers import one_thread_fixture
+
+FIXTURE = str(Path(__file__).resolve().parents[1] / "fixtures" / "arithmetic_pairs.jsonl")
+PAIRS = ["data=file", f"data.path={FIXTURE}", "data.eval_fraction=0.25"]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    yield from one_thread_fixture()
+
+
+@pytest.mark.parametrize("algo, extra", [
+    ("dpo", PAIRS), ("simpo", PAIRS), ("grpo", []), ("ppo", ["algo.epochs=1"]), ("bon", ["algo.n=2"]),
+    ("rm", PAIRS),
+])
+def test_results_block_has_the_same_keys_for_every_algorithm(algo, extra, tmp_path):
+    """Every run writes results with exactly RESULT_KEYS. Policies (with LoRA) have a KL to the reference and a reward:
+    DPO against its frozen reference, SimPO and GRPO (beta = 0: no reference needed) against the adapter-disabled
+    model, best-of-n its analytic KL; DPO/SimPO on a preference FILE are evaluated on the held-out pairs' prompts. A
+    reward model samples nothing: its policy keys are None, its held-out pair accuracy is there."""
+    tiny = [o for o in TINY_RUN if algo != "rm" or "num_problems" not in o]  # conf/algo/rm.yaml: no sampling
+    summary = Trainer(compose([f"algo={algo}", "trainer.max_steps=1"] + extra + tiny), tmp_path).run()
+    results = json.loads((tmp_path / "summary.json").read_text())["results"]
+    assert tuple(results) == RESULT_KEYS and results == summary["results"]
+    assert results["wall_seconds"] >= results["train_seconds"] >= 0 and results["steps"] == (0 if algo == "bon" else 1)
+    if algo == "rm":
+        assert results["kl"] is None and results["reward"] is None and results["preference_accuracy"] is not None
+        return
+    assert isinstance(results["kl"], float) and isinstance(results["reward"], float)
+    assert results["kl_method"] == ("analytic" if algo == "bon" else "sampled")
+    assert isinstance(results["distinct_2"], float) and isinstance(results["sample_reward"], float)
+    assert (results["entropy"] is None) == (algo == "bon")
+    if algo in ("grpo", "ppo"):
+        assert results["train_reward"] is not None and results["train_kl"] is not None
