@@ -1,0 +1,192 @@
+"""CUDA checks and step times on a GPU: 4-bit QLoRA on bitsandbytes' CUDA kernels, bf16 vs fp32.
+
+    python bench/gpu_check.py --model <SmolLM2 directory or HF id> [--steps 5]
+
+For each precision (fp32 weights; fp32 weights + bf16 autocast; bf16 weights; nf4 4-bit weights + LoRA, i.e.
+QLoRA) it builds the policy exactly as the trainer does (``prefzoo.training.setup.build_policy``) on
+``cuda``, checks what runs (the 4-bit layers are bitsandbytes ``Linear4bit`` on the GPU, the loss is finite,
+LoRA weights get a non-zero gradient, 4-bit log-probs stay close to the bf16 model's), then times DPO steps
+(4 pairs x max_length 256, as ``bench/bench_preference.py``) and GRPO steps (2 prompts x 4 samples x 64 new
+tokens, as ``bench/bench_grpo.py``): median step time after one warm-up step, real tokens/s, and peak GPU
+memory (``torch.cuda.max_memory_allocated``).
+
+Used where the test machine has no GPU: the numbers printed here are what the README quotes for CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+from common import compose, example_pairs  # noqa: E402
+
+DEVICE = torch.device("cuda")
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def reset_peak():
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb() -> float:
+    if DEVICE.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 1e9
+    from common import peak_rss_gb
+
+    return peak_rss_gb()
+
+
+PRECISIONS = {  # name -> overrides
+    "fp32": ["model.dtype=float32"],
+    "fp32+bf16-autocast": ["model.dtype=float32", "model.compute_dtype=bfloat16"],
+    "bf16": ["model.dtype=bfloat16"],
+    "nf4 (QLoRA)": ["model.dtype=bfloat16", "model.quantization=4bit"],
+}
+
+
+def build(algo_name: str, model: str, extra: list[str]):
+    from prefzoo.algos import get_algorithm
+    from prefzoo.config import resolve_objective
+    from prefzoo.models.loading import load_tokenizer
+    from prefzoo.training.setup import build_policy
+
+    cfg = compose([f"algo={algo_name}", f"model.name={model}", "data.max_length=256", "model.lora.r=16",
+                   "model.lora.alpha=32", f"trainer.device={DEVICE.type}"] + extra)
+    algo = get_algorithm(algo_name)(cfg.algo, resolve_objective(cfg))
+    tok = load_tokenizer(cfg.model.name)
+    built = build_policy(cfg, algo, tok, DEVICE)
+    return cfg, algo, tok, built
+
+
+def timed(fn, steps: int) -> tuple[float, list]:
+    out, times = [], []
+    for _ in range(steps + 1):
+        sync()
+        t0 = time.perf_counter()
+        out.append(fn())
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]), out
+
+
+def dpo_row(name: str, extra: list[str], args) -> dict:
+    from prefzoo.data.preference import collate_preferences
+    from prefzoo.training.step import accumulate_gradients
+
+    reset_peak()
+    cfg, algo, tok, built = build("dpo", args.model, extra)
+    quantised = [m for m in built.model.modules() if type(m).__name__ == "Linear4bit"]
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    examples = example_pairs(tok, 4, 256)
+    batch = collate_preferences(examples, list(range(4)), tok.pad_token_id).to(DEVICE)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        stats = accumulate_gradients(algo, built.policy, batch, 4)
+        grad = sum(float(p.grad.abs().sum()) for p in params if p.grad is not None)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return stats, grad
+
+    with torch.no_grad():  # log-probs of the chosen answers before any step: compared across precisions
+        logps, _ = built.policy.logps(batch.chosen)
+    step_s, outs = timed(step, args.steps)
+    stats, grad = outs[0]
+    return {"name": name, "step_s": step_s, "tokens_per_s": batch.num_tokens() / step_s,
+            "peak_gb": peak_gb(), "linear4bit": len(quantised),
+            "loss": float(stats["loss"]), "grad_abs_sum": grad, "chosen_logps": logps.sum(-1).cpu(),
+            "weight_device": str(next(built.model.parameters()).device)}
+
+
+def grpo_row(name: str, extra: list[str], beta: float, args) -> dict:
+    from prefzoo.algos.base import SamplingParams
+    from prefzoo.training.scoring import TextScorer
+    from prefzoo.training.setup import build_reward, task_prompts
+    from prefzoo.training.step import accumulate_gradients
+
+    reset_peak()
+    cfg, algo, tok, built = build("grpo", args.model, extra + [f"objective.beta={beta}", "algo.num_generations=4"])
+    policy = built.policy
+    policy.eos_token_ids = [-1]  # never stop early: every step generates exactly 64 new tokens
+    train, _ = task_prompts(cfg, tok)
+    scorer = TextScorer(tok, build_reward(cfg), policy.pad_id)
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=64)
+    state = {"i": 0}
+
+    def step():
+        i = state["i"] = state["i"] + 1
+        prompts = train.batch([2 * i, 2 * i + 1], policy.pad_id).to(DEVICE)
+        exp, m = algo.make_experience(policy, prompts, scorer, sampling)
+        opt.zero_grad(set_to_none=True)
+        accumulate_gradients(algo, policy, exp, 8)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return m["time/generation"]
+
+    step_s, gens = timed(step, args.steps)
+    return {"name": name, "beta": beta, "step_s": step_s, "gen_s": statistics.median(gens[1:]),
+            "peak_gb": peak_gb()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--skip-grpo", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="dry run of this script on the CPU (no 4-bit)")
+    args = ap.parse_args()
+    global DEVICE
+    if args.cpu:
+        DEVICE = torch.device("cpu")
+        PRECISIONS.pop("nf4 (QLoRA)")
+    elif not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return 1
+    print(f"# {torch.cuda.get_device_name() if DEVICE.type == 'cuda' else 'CPU'}, torch {torch.__version__}, model {args.model}")
+    print("| DPO, 4 pairs x 256 | step (ms) | tokens/s | peak GPU (GB) | Linear4bit layers | first loss |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for name, extra in PRECISIONS.items():
+        r = dpo_row(name, extra, args)
+        rows.append(r)
+        print(f"| {name} | {1000 * r['step_s']:.0f} | {r['tokens_per_s']:.0f} | {r['peak_gb']:.2f} | "
+              f"{r['linear4bit']} | {r['loss']:.4f} |", flush=True)
+        assert r["weight_device"].startswith(DEVICE.type), r
+        assert r["grad_abs_sum"] > 0 and r["loss"] == r["loss"], r
+    if not args.cpu:
+        assert rows[-1]["linear4bit"] > 0, "QLoRA built no bitsandbytes Linear4bit layer"
+    bf16 = next(r for r in rows if r["name"] == "bf16")["chosen_logps"]
+    for r in rows:  # per-answer log-probs (about 120 tokens each) against the bf16 model
+        print(f"{r['name']}: chosen log-probs {[round(float(x), 1) for x in r['chosen_logps']]}, "
+              f"max |diff| to bf16 {float((r['chosen_logps'] - bf16).abs().max()):.2f} nats")
+    if not args.skip_grpo:
+        print("| GRPO, 2 prompts x 4 x 64 new | beta | step (ms) | of which generation (ms) | peak GPU (GB) |")
+        print("|---|---|---|---|---|")
+        for name in ("fp32", "bf16"):
+            for beta in (0.0, 0.04):
+                r = grpo_row(name, PRECISIONS[name], beta, args)
+                print(f"| {name} | {beta} | {1000 * r['step_s']:.0f} | {1000 * r['gen_s']:.0f} | {r['peak_gb']:.2f} |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
