@@ -121,3 +121,14 @@ def test_values_that_fail_late_are_rejected_up_front(override, why):
 
 def test_max_grad_norm_null_means_no_clipping_and_is_accepted():
     assert typed("trainer.max_grad_norm=null").trainer.max_grad_norm is None
+
+
+def test_an_algorithm_brings_its_run_settings_and_the_command_line_still_wins():
+    """conf/algo_tuning/grpo.yaml: algo=grpo samples at temperature 0.7 with 8 prompts per step; other algorithms
+    keep the schema's defaults; an explicit override beats it; recipes that match budgets pin both back."""
+    grpo, dpo = typed("algo=grpo"), typed("algo=dpo")
+    assert (grpo.rollout.temperature, grpo.trainer.batch_size) == (0.7, 8)
+    assert (dpo.rollout.temperature, dpo.trainer.batch_size) == (1.0, 4)
+    assert typed("algo=grpo", "rollout.temperature=1.0").rollout.temperature == 1.0
+    pinned = typed("algo=grpo", "+recipe=algo_compare")
+    assert (pinned.rollout.temperature, pinned.trainer.batch_size) == (1.0, 4)
