@@ -25,6 +25,13 @@ Choices exposed (and where they come from):
   as in the paper; see :mod:`prefzoo.objective.kl` for what each combination really optimises). "In
   reward" subtracts beta * sum_t k_t from each completion's reward before the group normalisation.
 
+Where the KL as a loss leads (measured in ``docs/conformance.md``, ``python -m prefzoo.conformance``): the group
+mean includes the sample itself, so E[(r_i - mean_j r_j) grad log pi(o_i)] = ((G-1)/G) grad E[r], while the KL
+loss's gradient is not scaled. With ``scale_rewards=none`` the fixed point of k2 as a loss is therefore
+pi* = pi_ref exp(r/beta')/Z at beta' = beta * G/(G-1) (not beta), and k3 as a loss reaches the forward-KL
+optimum at the same beta'; k1 in the reward reaches pi* at beta exactly (the penalty enters the reward, and so
+the same baseline).
+
 Log-probs are recomputed with the sampling temperature. Drift metrics (KL k1/k3 to the starting policy)
 are reported whenever a reference is available for free (LoRA: the adapter switched off), even with
 beta = 0: from the update's forward pass when there is one iteration (no extra pass of the policy), else from
