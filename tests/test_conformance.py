@@ -29,6 +29,7 @@ from prefzoo.conformance import (BETA, Case, argmax_policy, best_of_n_policy, co
                                  in_reward_fixed_point, in_reward_generator, run_case, sample_best_of_n)
 from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
 from prefzoo.tabular import kl_divergence, preference_pairs, total_variation
+from tests.models.helpers import one_thread_fixture
 
 SEEDS = 4
 BANDIT = conformance_bandit()
@@ -37,10 +38,7 @@ CASES = {c.label: c for c in default_cases()}
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    yield from one_thread_fixture()
 
 
 @pytest.fixture(scope="module")

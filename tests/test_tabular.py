@@ -14,6 +14,7 @@ from prefzoo.algos import get_algorithm
 from prefzoo.algos.base import ObjectiveSettings, Policy, PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularError, TabularPolicy,
                              TrainSettings, kl_divergence, preference_pairs, prompt_batch, total_variation, train)
+from tests.models.helpers import one_thread_fixture
 
 REF = torch.tensor([[0.0, 1.0, -1.0, 0.5], [2.0, 0.0, 0.0, -2.0]])
 REWARDS = torch.tensor([[0.0, 1.0, 0.5, 0.2], [0.3, 0.0, 1.0, 0.6]])
@@ -22,10 +23,7 @@ REWARDS = torch.tensor([[0.0, 1.0, 0.5, 0.2], [0.3, 0.0, 1.0, 0.6]])
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny tensors: one thread is fastest (and immune to a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    yield from one_thread_fixture()
 
 
 def _batch(rows, ids):

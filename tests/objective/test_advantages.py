@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from prefzoo.objective import ObjectiveError, gae, group_advantages
+from tests.objective.two_ranks import run_on_two_ranks
 
 # ------------------------------------------------------------------------------ group advantages
 
@@ -84,31 +85,11 @@ def test_data_parallel_groups_with_a_global_batch_std(scale):
     """Two processes, each with whole groups; all_reduce sums over them. Simulated with threads (a barrier
     pairs the calls): each half must equal its rows of the whole batch's advantages, for scale=batch too
     (the std of all rewards, not of the half); all_reduce is called only for scale=batch, twice."""
-    import threading
-
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 0.0, 0.0, 0.0, 0.0, 5.0, -2.0])
     whole = group_advantages(rewards, 4, scale)
     halves = [rewards[:4], rewards[4:]]  # one group vs two
-    barrier, slots, results, calls = threading.Barrier(2), [None, None], [None, None], [0, 0]
-
-    def make_all_reduce(rank):
-        def all_reduce(t):
-            calls[rank] += 1
-            slots[rank] = t.clone()
-            barrier.wait()
-            total = slots[0] + slots[1]
-            barrier.wait()
-            return total
-        return all_reduce
-
-    def run(rank):
-        results[rank] = group_advantages(halves[rank], 4, scale, all_reduce=make_all_reduce(rank))
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
+    results, calls = run_on_two_ranks(lambda rank, all_reduce: group_advantages(halves[rank], 4, scale,
+                                                                                all_reduce=all_reduce))
     torch.testing.assert_close(torch.cat(results), whole, atol=1e-6, rtol=0)
     assert calls == ([2, 2] if scale == "batch" else [0, 0])
     if scale == "batch":  # the local std alone would be wrong

@@ -1,7 +1,6 @@
 """Tests for prefzoo.objective.logprobs: gathered log-probs, entropy, masked statistics."""
 
 import math
-import threading
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from prefzoo.objective import (
     token_entropy,
     token_logps,
 )
+from tests.objective.two_ranks import run_on_two_ranks
 
 
 def _random_batch(seed, B=3, T=7, V=11, dtype=torch.float32):
@@ -218,30 +218,7 @@ def test_whiten_all_reduce_two_ranks_equals_whole_batch():
     whole = masked_whiten(values, mask)
     halves = [(values[:1], mask[:1]), (values[1:], mask[1:])]  # 6 tokens vs 7 tokens
 
-    barrier = threading.Barrier(2)
-    slots = [None, None]
-    results = [None, None]
-    calls = [0, 0]
-
-    def make_all_reduce(rank):
-        def all_reduce(t):
-            calls[rank] += 1
-            slots[rank] = t.clone()
-            barrier.wait()
-            total = slots[0] + slots[1]
-            barrier.wait()  # nobody overwrites a slot before both have read
-            return total
-        return all_reduce
-
-    def run(rank):
-        v, m = halves[rank]
-        results[rank] = masked_whiten(v, m, all_reduce=make_all_reduce(rank))
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
+    results, calls = run_on_two_ranks(lambda rank, all_reduce: masked_whiten(*halves[rank], all_reduce=all_reduce))
     assert calls[0] == calls[1] >= 1
     torch.testing.assert_close(torch.cat(results), whole, atol=1e-6, rtol=0)
     local = masked_whiten(*halves[1])
