@@ -1,4 +1,4 @@
-"""prefzoo's entry point: ``python train.py algo=dpo|simpo|grpo|ppo|rm|bon [overrides]``.
+"""prefzoo's entry point: ``python train.py algo=dpo|simpo|grpo|ppo|rm|bon|custom [overrides]``.
 
 Hydra composes ``conf/config.yaml`` over the typed defaults in :mod:`prefzoo.config`; the run writes its
 resolved config, ``metrics.jsonl``, ``summary.json``, evaluations, checkpoints and the trained adapter
@@ -16,8 +16,7 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from prefzoo.cli import run_from_hydra, secondary_process_overrides
-from prefzoo.config import register_configs
+from prefzoo.cli import register_configs, reject_renamed_keys, run_from_hydra, secondary_process_overrides
 
 register_configs()
 # conf/hydra/launcher/submitit_*.yaml spell out hydra-submitit-launcher's fields (documented) under the plugin's own
@@ -31,5 +30,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    reject_renamed_keys(sys.argv[1:])  # old key names (algo.num_generations, ...) fail naming the new one
     sys.argv = secondary_process_overrides(sys.argv)  # torchrun / accelerate launch: only rank 0 writes
     sys.exit(main())

@@ -37,7 +37,7 @@ WORKLOADS = {
     "dpo": ["algo=dpo", "data=file", f"data.path={ROOT / 'tests/fixtures/arithmetic_pairs.jsonl'}",
             "data.max_length=96", "data.max_prompt_length=64", "trainer.batch_size=8", "trainer.micro_batch_size=4"],
     "grpo": ["algo=grpo", "data=arithmetic", "data.num_train=64", "data.num_eval=2",
-             "reward.functions=[tests.distributed.rewards:length]", "algo.num_generations=4",
+             "reward.functions=[tests.distributed.rewards:length]", "algo.num_samples=4",
              "rollout.max_new_tokens=16", "trainer.batch_size=4", "trainer.micro_batch_size=16"],
 }
 TIMERS = ("time/step", "time/experience", "time/update")

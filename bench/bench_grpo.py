@@ -28,30 +28,30 @@ from common import compose, peak_rss_gb  # noqa: E402
 
 def bench(beta: float, args) -> dict:
     from prefzoo.algos import get_algorithm
-    from prefzoo.algos.base import SamplingParams
+    from prefzoo.types import SamplingParams
     from prefzoo.config import resolve_objective
     from prefzoo.models.loading import load_tokenizer
     from prefzoo.training.scoring import TextScorer
     from prefzoo.training.setup import build_policy, build_reward, task_prompts
     from prefzoo.training.step import accumulate_gradients
 
-    cfg = compose(["algo=grpo", f"model={args.model}", f"objective.beta={beta}", f"algo.num_generations={args.generations}",
+    cfg = compose(["algo=grpo", f"model={args.model}", f"objective.beta={beta}", f"algo.num_samples={args.generations}",
                    f"model.lora.r={args.lora_r}", f"model.lora.alpha={2 * args.lora_r}"])
-    algo = get_algorithm("grpo")(cfg.algo, resolve_objective(cfg))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
+    algo = get_algorithm("grpo")(cfg.algo, resolve_objective(cfg), sampling)
     tok = load_tokenizer(cfg.model.name)
-    built = build_policy(cfg, algo, tok, torch.device("cpu"))
+    built = build_policy(cfg, algo.declaration, tok, torch.device("cpu"))
     policy = built.policy
     policy.eos_token_ids = [-1]  # never stop early: every step generates exactly max_new_tokens
     train, _ = task_prompts(cfg, tok)
     scorer = TextScorer(tok, build_reward(cfg), policy.pad_id)
     params = [p for p in built.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-6)
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     rows = []
     for i in range(args.warmup + args.steps):
         prompts = train.batch(list(range(i * args.prompts, (i + 1) * args.prompts)), policy.pad_id)
         t0 = time.perf_counter()
-        exp, m = algo.make_experience(policy, prompts, scorer, sampling)
+        exp, m = algo.make_experience(policy, prompts, scorer)
         t1 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         accumulate_gradients(algo, policy, exp, args.prompts * args.generations)

@@ -44,7 +44,7 @@ def bench(algo_name: str, args) -> dict:
                    f"model.lora.r={args.lora_r}", f"model.lora.alpha={2 * args.lora_r}"])
     algo = get_algorithm(algo_name)(cfg.algo, resolve_objective(cfg))
     tok = load_tokenizer(cfg.model.name)
-    built = build_policy(cfg, algo, tok, torch.device("cpu"))
+    built = build_policy(cfg, algo.declaration, tok, torch.device("cpu"))
     params = [p for p in built.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5)
     examples = example_pairs(tok, args.pairs, args.max_length)

@@ -18,7 +18,7 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from prefzoo.config import register_configs, to_typed
+    from prefzoo.cli import register_configs, to_typed
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):

@@ -179,13 +179,16 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
     elif variant == "bf16":
         overrides.append("model.compute_dtype=bfloat16")
     if name == "grpo":
-        overrides += [f"objective.beta={beta}", f"algo.num_generations={w['generations'] if algo == 'grpo' else 4}"]
+        overrides += [f"objective.beta={beta}", f"algo.num_samples={w['generations'] if algo == 'grpo' else 4}"]
     if name == "ppo":
         overrides += ["reward=arithmetic", "algo.num_samples=1"]
     cfg = compose(overrides)
-    algo_obj = get_algorithm(name)(cfg.algo, resolve_objective(cfg))
+    from prefzoo.types import SamplingParams
+
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=w.get("max_new_tokens", 64))
+    algo_obj = get_algorithm(name)(cfg.algo, resolve_objective(cfg), sampling)
     tok = load_tokenizer(cfg.model.name)
-    built = build_policy(cfg, algo_obj, tok, torch.device("cpu"))
+    built = build_policy(cfg, algo_obj.declaration, tok, torch.device("cpu"))
     policy = built.policy
     params = [p for p in built.model.parameters() if p.requires_grad]
     if policy.value_model is not None:
@@ -210,14 +213,13 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
             seen["real_tokens"].append(batch.num_tokens())
             seen["completion_tokens"].append(int(batch.chosen.completion_mask.sum() + batch.rejected.completion_mask.sum()))
     else:
-        from prefzoo.algos.base import PromptBatch, SamplingParams
+        from prefzoo.types import PromptBatch
         from prefzoo.data.preference import pad_rows
         from prefzoo.training.scoring import TextScorer
         from prefzoo.training.setup import build_reward
 
         policy.eos_token_ids = [-1]  # never stop early: every step generates exactly max_new_tokens per row
         scorer = TextScorer(tok, build_reward(cfg), policy.pad_id)
-        sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=w["max_new_tokens"])
         per_step = len(w["prompts"]) // total
         for i in range(total):
             rows = w["prompts"][i * per_step:(i + 1) * per_step]
@@ -225,9 +227,9 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
             prompts = PromptBatch(ids, mask, {"answer": [r["answer"] for r in rows],
                                               "prompt_text": [r["text"] for r in rows]})
             t0, c0 = time.perf_counter(), time.process_time()
-            exp, m = algo_obj.make_experience(policy, prompts, scorer, sampling)
+            exp, m = algo_obj.make_experience(policy, prompts, scorer)
             t1 = time.perf_counter()
-            for _ in range(algo_obj.epochs):
+            for _ in range(algo_obj.declaration.epochs):
                 opt.zero_grad(set_to_none=True)
                 accumulate_gradients(algo_obj, policy, exp, len(exp))
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -241,7 +243,7 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
             seen["completion_tokens"].append(int(exp.completion_mask.sum()))
             seen["unique_prompt_tokens"].append(int(mask.sum()))
     return {"library": "prefzoo", "algo": algo, "variant": variant, "wall": wall, "cpu": cpu, **seen,
-            "parts": parts, "epochs": algo_obj.epochs, "peak_rss_gb": peak_rss_gb(), "threads": torch.get_num_threads()}
+            "parts": parts, "epochs": algo_obj.declaration.epochs, "peak_rss_gb": peak_rss_gb(), "threads": torch.get_num_threads()}
 
 
 # ----------------------------------------------------------------------------------------------- orchestration

@@ -69,7 +69,7 @@ def build(algo_name: str, model: str, extra: list[str]):
                    "model.lora.alpha=32", f"trainer.device={DEVICE.type}"] + extra)
     algo = get_algorithm(algo_name)(cfg.algo, resolve_objective(cfg))
     tok = load_tokenizer(cfg.model.name)
-    built = build_policy(cfg, algo, tok, DEVICE)
+    built = build_policy(cfg, algo.declaration, tok, DEVICE)
     return cfg, algo, tok, built
 
 
@@ -115,13 +115,13 @@ def dpo_row(name: str, extra: list[str], args) -> dict:
 
 
 def grpo_row(name: str, extra: list[str], beta: float, args) -> dict:
-    from prefzoo.algos.base import SamplingParams
+    from prefzoo.types import SamplingParams
     from prefzoo.training.scoring import TextScorer
     from prefzoo.training.setup import build_reward, task_prompts
     from prefzoo.training.step import accumulate_gradients
 
     reset_peak()
-    cfg, algo, tok, built = build("grpo", args.model, extra + [f"objective.beta={beta}", "algo.num_generations=4"])
+    cfg, algo, tok, built = build("grpo", args.model, extra + [f"objective.beta={beta}", "algo.num_samples=4"])
     policy = built.policy
     policy.eos_token_ids = [-1]  # never stop early: every step generates exactly 64 new tokens
     train, _ = task_prompts(cfg, tok)
@@ -129,12 +129,13 @@ def grpo_row(name: str, extra: list[str], beta: float, args) -> dict:
     params = [p for p in built.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-6)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=64)
+    algo = type(algo)(cfg.algo, algo.objective, sampling)  # the plugin gets the rollout's sampling settings once
     state = {"i": 0}
 
     def step():
         i = state["i"] = state["i"] + 1
         prompts = train.batch([2 * i, 2 * i + 1], policy.pad_id).to(DEVICE)
-        exp, m = algo.make_experience(policy, prompts, scorer, sampling)
+        exp, m = algo.make_experience(policy, prompts, scorer)
         opt.zero_grad(set_to_none=True)
         accumulate_gradients(algo, policy, exp, 8)
         torch.nn.utils.clip_grad_norm_(params, 1.0)

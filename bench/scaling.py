@@ -48,7 +48,7 @@ def one(length: int, pairs: int, steps: int, model: str) -> dict:
     cfg = compose(["algo=dpo", f"model={model}", f"data.max_length={length}", f"data.max_prompt_length={length // 2}", "model.lora.r=16", "model.lora.alpha=32"])
     algo = get_algorithm("dpo")(cfg.algo, resolve_objective(cfg))
     tok = load_tokenizer(cfg.model.name)
-    built = build_policy(cfg, algo, tok, torch.device("cpu"))
+    built = build_policy(cfg, algo.declaration, tok, torch.device("cpu"))
     base_rss = peak_rss_gb()
     from common import ANSWER, STORY, _numbers, long_prompt
 

@@ -7,12 +7,93 @@ import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from prefzoo.config import to_typed
+from prefzoo import config as _config
+from prefzoo.config import Config
 from prefzoo.errors import ConfigError, PrefzooError
 
 log = logging.getLogger("prefzoo")
+
+#: Config keys renamed for one spelling each (DESIGN.md's glossary): old key -> new key. A command line that uses
+#: an old key fails with a message naming the new one (:func:`check_renamed_keys`).
+RENAMED_KEYS = {
+    "algo.num_generations": "algo.num_samples",
+    "algo.num_iterations": "algo.epochs",
+    "algo.epsilon_low": "algo.clip_eps_low",
+    "algo.epsilon_high": "algo.clip_eps_high",
+    "algo.clip_range": "algo.clip_eps_low and algo.clip_eps_high",
+    "algo.value_clip_range": "algo.value_clip_eps",
+    "algo.gamma": "algo.gae_gamma",
+    "algo.lam": "algo.gae_lambda",
+    "data.pairs.samples_per_prompt": "data.pairs.num_samples",
+    "algo_tuning": "the algorithm's config (algo.default_temperature, algo.default_batch_size); conf/algo_tuning is gone",
+}
+
+
+def check_renamed_keys(overrides: list[str]) -> None:
+    """Raise :class:`ConfigError` naming the new key when a command-line override uses a renamed one."""
+    for item in overrides:
+        key = item.lstrip("+~").split("=", 1)[0]
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"{key} was renamed: use {RENAMED_KEYS[key]} (prefzoo uses one spelling per quantity; "
+                              "see docs/algorithms.md, 'Renamed keys').")
+
+
+def reject_renamed_keys(argv: list[str]) -> None:
+    """:func:`check_renamed_keys` for a command line: print the one-line error and exit with status 2."""
+    try:
+        check_renamed_keys([a for a in argv if "=" in a and not a.startswith("-")])
+    except ConfigError as err:
+        print(f"prefzoo: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def register_configs() -> None:
+    """Register the typed schemas and every plugin's config with Hydra (built-ins, and installed plugins of the
+    ``prefzoo.algorithms`` entry-point group, which become ``algo=<name>`` without a yaml)."""
+    from prefzoo.algos import REGISTRY, entry_point_algorithms, get_algorithm
+
+    extra = {}
+    for name in entry_point_algorithms():
+        if name not in REGISTRY:
+            extra[name] = get_algorithm(name).config_class
+    _config.register_configs({n: c.config_class for n, c in REGISTRY.items()}, extra)
+
+
+def to_typed(cfg: DictConfig) -> Config:
+    """Hydra's composed config -> the typed, resolved and validated :class:`~prefzoo.config.Config`, plugin included:
+    the algorithm exists (built-in, installed, or ``algo=custom algo.target=...``), the run's values are valid, and
+    the plugin's own settings pass its ``validate_settings`` against the resolved objective.
+
+    Raises:
+        ConfigError: no or an unknown algorithm, a bad value, a bad combination (one line naming the key).
+        PluginError: ``algo.target`` names something that is not a plugin.
+    """
+    from prefzoo.algos import get_algorithm, load_target
+
+    if OmegaConf.is_missing(cfg, "algo") or "name" not in cfg.algo:
+        raise ConfigError("no algorithm chosen: add algo=<name> (e.g. algo=dpo).")
+    target = cfg.algo.get("target") if not OmegaConf.is_missing(cfg.algo, "target") else None
+    if cfg.algo.name == "custom" and not target:
+        raise ConfigError("algo=custom needs algo.target=<import path of your plugin class>, e.g. "
+                          "algo.target=my_pkg.algos:MyAlgo.")
+    if target:
+        cls = load_target(str(target))
+        given = {k: v for k, v in OmegaConf.to_container(cfg.algo, resolve=True).items() if k != "name"}
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(cls.config_class), given)
+        except Exception as err:  # an unknown key or a wrong type for the plugin's config
+            raise ConfigError(f"algo.target={target}: {err}".splitlines()[0]) from None
+        node.name = cls.name
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.algo = node
+    else:
+        cls = get_algorithm(cfg.algo.name)
+    typed = _config.to_typed(cfg)
+    cls.validate_settings(typed.algo, _config.resolve_objective(typed))
+    return typed
 
 
 def run_dir() -> Path:

@@ -5,19 +5,26 @@ misspelt key or a value of the wrong type fails at composition; :func:`validate`
 (ranges, names, combinations) and raises :class:`~prefzoo.errors.ConfigError` before any model loads.
 
 Each algorithm's own settings are the dataclass its plugin declares (``Algorithm.config_class``),
-registered as ``schema/algo/<name>`` and used by ``conf/algo/<name>.yaml``.
+registered as ``schema/algo/<name>`` and used by ``conf/algo/<name>.yaml``. This module knows no plugin: the
+CLI (:mod:`prefzoo.cli`) hands it the plugins' schemas (:func:`register_configs`) and validates a plugin's own
+settings after :func:`resolve_defaults` has filled the algorithm's defaults in.
+
+The nulls that mean "the algorithm's default" -- ``objective.beta``, ``objective.kl_estimator``,
+``objective.kl_placement``, ``rollout.temperature``, ``trainer.batch_size`` -- are replaced by the plugin
+config's ``default_*`` fields in :func:`resolve_defaults`, before validation; the run's ``config.yaml`` records
+the resolved values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from prefzoo.algos import REGISTRY, get_algorithm
-from prefzoo.algos.base import ObjectiveSettings
+from prefzoo.types import ObjectiveSettings
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
 
@@ -64,7 +71,7 @@ class PairsConfig:
     """How the built-in on-policy preference pairs are built from a prompt task (see prefzoo.data.pairs)."""
 
     num_prompts: int = 320
-    samples_per_prompt: int = 6
+    num_samples: int = 6
     temperature: float = 0.7  # SmolLM2-135M: 15% of samples right at 0.7 (52% of prompts give a pair), 4% at 1.0
     top_p: float = 1.0
     max_new_tokens: int = 48
@@ -102,7 +109,7 @@ class RewardConfig:
 
 @dataclass
 class ObjectiveConfig:
-    beta: Optional[float] = None  # None: the algorithm's default (dpo 0.1, simpo 2.0, grpo 0.0, ppo 0.05)
+    beta: Optional[float] = None  # None: the algorithm's default (its config's default_beta)
     divergence: str = "reverse_kl"  # reverse_kl | forward_kl | js | alpha (DPO family)
     alpha: float = 0.5
     kl_estimator: Optional[str] = None  # k1 | k2 | k3; None: the algorithm's default
@@ -115,7 +122,7 @@ class ObjectiveConfig:
 
 @dataclass
 class RolloutConfig:
-    temperature: float = 1.0
+    temperature: Optional[float] = None  # None: the algorithm's default_temperature (1.0; GRPO 0.7)
     top_p: float = 1.0
     max_new_tokens: int = 64
 
@@ -161,7 +168,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 2
     lr_schedule: str = "linear"  # linear | constant
-    batch_size: int = 4  # per step: preference pairs (offline) or prompts (online)
+    batch_size: Optional[int] = None  # per step: pairs (offline) or prompts (online); None: the algorithm's default (4; GRPO 8)
     micro_batch_size: int = 4  # rows per forward/backward pass (gradient accumulation below batch size)
     max_grad_norm: Optional[float] = 1.0  # null: no clipping
     log_every: int = 1
@@ -190,14 +197,18 @@ GROUP_SCHEMAS = {"model": ModelConfig, "data": DataConfig, "reward": RewardConfi
                  "objective": ObjectiveConfig, "trainer": TrainerConfig}
 
 
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (``base_config`` and ``schema/<group>/...``)."""
+def register_configs(algo_schemas: Mapping[str, type], extra_algos: Mapping[str, type] = {}) -> None:
+    """Register the schemas with Hydra's ConfigStore (``base_config``, ``schema/<group>/...``,
+    ``schema/algo/<name>`` for each of ``algo_schemas``); ``extra_algos`` (installed plugins without a yaml in
+    ``conf/algo/``) also become choices ``algo=<name>``."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in GROUP_SCHEMAS.items():
         cs.store(group=f"schema/{group}", name="base", node=node)
-    for name, cls in REGISTRY.items():
-        cs.store(group="schema/algo", name=name, node=cls.config_class)
+    for name, schema in algo_schemas.items():
+        cs.store(group="schema/algo", name=name, node=schema)
+    for name, schema in extra_algos.items():
+        cs.store(group="algo", name=name, node=schema)
 
 
 def _choice(what: str, value, valid) -> None:
@@ -211,9 +222,31 @@ def _positive(what: str, value, allow_zero: bool = False) -> None:
         raise ConfigError(f"{what}={value} is invalid: it must be {bound}.")
 
 
+def resolve_defaults(cfg: Config) -> Config:
+    """Fill the nulls that mean "the algorithm's default" from the plugin config's ``default_*`` fields, in place.
+
+    ``objective.beta`` <- ``algo.default_beta``, ``objective.kl_estimator`` / ``kl_placement`` <-
+    ``algo.default_kl_estimator`` / ``default_kl_placement``, ``rollout.temperature`` <-
+    ``algo.default_temperature``, ``trainer.batch_size`` <- ``algo.default_batch_size``. Idempotent.
+    """
+    a, o = cfg.algo, cfg.objective
+    if o.beta is None:
+        o.beta = float(a.default_beta)
+    if o.kl_estimator is None:
+        o.kl_estimator = a.default_kl_estimator
+    if o.kl_placement is None:
+        o.kl_placement = a.default_kl_placement
+    if cfg.rollout.temperature is None:
+        cfg.rollout.temperature = float(a.default_temperature)
+    if cfg.trainer.batch_size is None:
+        cfg.trainer.batch_size = int(a.default_batch_size)
+    return cfg
+
+
 def validate(cfg: Config) -> Config:
-    """Check values and combinations; raise :class:`ConfigError` naming the key and the valid values."""
-    algo_cls = get_algorithm(cfg.algo.name)
+    """Resolve the algorithm's defaults, then check values and combinations; raise :class:`ConfigError` naming the
+    key and the valid values. (A plugin's own settings are checked by its ``validate_settings``, see the CLI.)"""
+    resolve_defaults(cfg)
     o, t, d, m = cfg.objective, cfg.trainer, cfg.data, cfg.model
     if o.beta is not None and o.beta < 0:
         raise ConfigError(f"objective.beta={o.beta} is invalid: beta weighs the divergence penalty and must be "
@@ -221,10 +254,8 @@ def validate(cfg: Config) -> Config:
     _choice("objective.divergence", o.divergence, DIVERGENCES)
     if o.divergence == "alpha" and not 0 < o.alpha < 1:
         raise ConfigError(f"objective.alpha={o.alpha} is invalid: the alpha-divergence needs 0 < alpha < 1.")
-    if o.kl_estimator is not None:
-        _choice("objective.kl_estimator", o.kl_estimator, ESTIMATORS)
-    if o.kl_placement is not None:
-        _choice("objective.kl_placement", o.kl_placement, PLACEMENTS)
+    _choice("objective.kl_estimator", o.kl_estimator, ESTIMATORS)
+    _choice("objective.kl_placement", o.kl_placement, PLACEMENTS)
     _choice("objective.kl_controller", o.kl_controller, ("fixed", "adaptive"))
     if o.kl_controller == "adaptive":
         if o.kl_target is None or o.kl_target <= 0:
@@ -249,8 +280,8 @@ def validate(cfg: Config) -> Config:
     _choice("data.on_bad_row", d.on_bad_row, ("error", "skip"))
     if not 0 < d.eval_fraction < 1:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must be in (0, 1): the share of a file held out.")
-    if d.pairs.samples_per_prompt < 2:
-        raise ConfigError(f"data.pairs.samples_per_prompt={d.pairs.samples_per_prompt}: a pair needs at least 2 samples "
+    if d.pairs.num_samples < 2:
+        raise ConfigError(f"data.pairs.num_samples={d.pairs.num_samples}: a pair needs at least 2 samples "
                           "per prompt.")
     _positive("data.max_length", d.max_length)
     _positive("data.max_prompt_length", d.max_prompt_length)
@@ -284,23 +315,16 @@ def validate(cfg: Config) -> Config:
     if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
         raise ConfigError(f"reward.weights has {len(cfg.reward.weights)} entries but reward.functions has "
                           f"{len(cfg.reward.functions)}; give one weight per function.")
-    check = getattr(algo_cls, "validate_config", None)
-    if check is not None:
-        check(cfg)
     return cfg
 
 
 def to_typed(cfg: DictConfig) -> Config:
-    """Turn Hydra's composed DictConfig into the typed :class:`Config` and validate it.
+    """Turn Hydra's composed DictConfig (its ``algo`` already a plugin schema) into the typed :class:`Config`,
+    resolve the algorithm's defaults and validate it. (:func:`prefzoo.cli.to_typed` is the plugin-aware entry.)
 
     Raises:
         ConfigError: a value out of range, an unknown name, or an inconsistent combination.
     """
-    if OmegaConf.is_missing(cfg, "algo") or "name" not in cfg.algo:
-        raise ConfigError(f"no algorithm chosen: add algo=<name>, one of {', '.join(sorted(REGISTRY))}.")
-    name = cfg.algo.name
-    if name not in REGISTRY:
-        raise ConfigError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(REGISTRY))}.")
     try:
         typed = OmegaConf.to_object(cfg)
     except Exception as err:  # OmegaConf validation errors carry the key
@@ -309,13 +333,12 @@ def to_typed(cfg: DictConfig) -> Config:
 
 
 def resolve_objective(cfg: Config) -> ObjectiveSettings:
-    """The objective the plugin optimises, with nulls replaced by the algorithm's defaults."""
-    algo_cls = get_algorithm(cfg.algo.name)
+    """The objective the plugin optimises, with nulls replaced by the algorithm's defaults
+    (:func:`resolve_defaults`, applied here too for configs built in Python)."""
+    resolve_defaults(cfg)
     o = cfg.objective
     return ObjectiveSettings(
-        beta=algo_cls.default_beta if o.beta is None else float(o.beta),
-        divergence=o.divergence, alpha=o.alpha,
-        kl_estimator=o.kl_estimator or algo_cls.default_kl_estimator,
-        kl_placement=o.kl_placement or algo_cls.default_kl_placement,
+        beta=float(o.beta), divergence=o.divergence, alpha=o.alpha,
+        kl_estimator=o.kl_estimator, kl_placement=o.kl_placement,
         kl_controller=o.kl_controller, kl_target=o.kl_target, kl_horizon=o.kl_horizon,
     )

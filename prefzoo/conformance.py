@@ -75,7 +75,8 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import REGISTRY, get_algorithm
-from prefzoo.algos.base import Algorithm, ObjectiveSettings
+from prefzoo.algos.base import Algorithm
+from prefzoo.types import ObjectiveSettings
 from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
 from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
                              kl_divergence, preference_pairs, prompt_batch, total_variation, train)
@@ -440,7 +441,7 @@ def sample_best_of_n(bandit: TabularBandit, n: int, draws: int, seeds: int, seed
     """Empirical best-of-n distribution, Shape (seeds, P, K): ``draws`` times per prompt and replica, sample n
     responses from pi_ref with :meth:`TabularPolicy.sample`, score them with :class:`TableScorer`, keep the
     first of the highest-scoring."""
-    from prefzoo.algos.base import SamplingParams
+    from prefzoo.types import SamplingParams
 
     tiled = bandit.tile(seeds)
     ref_policy = TabularPolicy(tiled.ref_logits, seed=seed)

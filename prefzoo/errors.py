@@ -6,11 +6,14 @@ specialises (``ValueError`` for bad input, ``RuntimeError`` for failures while r
 already catches those keeps working.
 
 Convention: a message says what was wrong (with the offending value) and how to fix it.
+
+This module is a leaf: it imports nothing, so every room of the house, :mod:`prefzoo.objective` included, may
+import it (the objective layer's :class:`~prefzoo.objective.ObjectiveError` is a :class:`PrefzooError`).
 """
 
 from __future__ import annotations
 
-__all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError"]
+__all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError", "PluginError", "CheckpointError"]
 
 
 class PrefzooError(Exception):
@@ -31,3 +34,11 @@ class RewardError(PrefzooError, RuntimeError):
 
 class ModelError(PrefzooError, RuntimeError):
     """A model could not be loaded, converted or run as requested."""
+
+
+class PluginError(PrefzooError, TypeError):
+    """An algorithm plugin does not keep the plugin contract (see :mod:`prefzoo.algos.base`)."""
+
+
+class CheckpointError(PrefzooError, RuntimeError):
+    """A checkpoint cannot be written, read, or resumed from as asked."""

@@ -43,7 +43,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor, nn
 
-from prefzoo.algos.base import Algorithm, Batch, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.algos.base import Algorithm
+
+from prefzoo.types import Batch, PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.objective import categorical_kl, token_entropy
 from prefzoo.training.step import accumulate_gradients
 

@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import REGISTRY, get_algorithm
-from prefzoo.algos.base import Algorithm, ObjectiveSettings
+from prefzoo.algos.base import Algorithm
+from prefzoo.types import ObjectiveSettings
 from prefzoo.objective import optimal_policy
 from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
                              kl_divergence, preference_pairs, total_variation, train)

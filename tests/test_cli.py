@@ -60,7 +60,7 @@ def tiny_run(tmp_path_factory):
 def test_cfg_job_prints_the_composed_config(runs):
     rc, stdout, stderr, _ = runs["cfg_job"]
     assert rc == 0, stderr
-    assert "algo:\n  name: dpo\n  loss_type: sigmoid" in stdout
+    assert "algo:\n  name: dpo\n" in stdout and "\n  loss_type: sigmoid\n" in stdout
     assert "model:\n  name: tiny" in stdout
     for group in ("data:", "reward:", "objective:", "trainer:"):
         assert f"\n{group}" in stdout

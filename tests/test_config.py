@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from prefzoo.algos.dpo import DPOConfig
 from prefzoo.algos.simpo import SimPOConfig
-from prefzoo.config import Config, register_configs, resolve_objective, to_typed
+from prefzoo.cli import register_configs, to_typed
+from prefzoo.config import Config, resolve_objective
 from prefzoo.errors import ConfigError
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -72,9 +73,9 @@ def test_null_objective_fields_take_the_algorithms_defaults(algo, beta, estimato
     (["reward.weights=[1.0,2.0]"], ["one weight per function"]),
     (["algo.loss_type=nope"], ["sigmoid, ipo, hinge"]),
     (["algo.label_smoothing=0.5"], ["[0, 0.5)"]),
-    (["objective.beta=0"], ["DPO needs objective.beta > 0"]),
-    (["algo=simpo", "objective.beta=0"], ["SimPO needs objective.beta > 0"]),
-    (["algo=grpo", "algo.num_generations=1"], ["at least 2"]),
+    (["objective.beta=0"], ["objective.beta=0.0: DPO needs beta > 0"]),
+    (["algo=simpo", "objective.beta=0"], ["objective.beta=0.0: SimPO needs beta > 0"]),
+    (["algo=grpo", "algo.num_samples=1"], ["at least 2"]),
 ])
 def test_bad_values_raise_a_config_error_naming_the_valid_values(overrides, needles):
     with pytest.raises(ConfigError) as err:
@@ -109,7 +110,7 @@ def test_wrong_types_and_unknown_keys_fail_at_composition():
     ("trainer.max_grad_norm=0", "clip_grad_norm_(params, 0) scales every gradient to 0: the run trains nothing, "
                                 "silently (HF-style users write 0 to mean 'no clipping')"),
     ("model.lora.dropout=1.5", "accepted, then nn.Dropout raises a bare ValueError after the model has loaded"),
-    ("data.pairs.samples_per_prompt=1", "one sample per prompt can never make a pair: the run fails only after "
+    ("data.pairs.num_samples=1", "one sample per prompt can never make a pair: the run fails only after "
                                         "sampling every prompt (minutes), with 'no usable rows'"),
     ("data.eval_fraction=2", "accepted, then datasets' train_test_split raises a bare ValueError"),
 ])
@@ -124,11 +125,27 @@ def test_max_grad_norm_null_means_no_clipping_and_is_accepted():
 
 
 def test_an_algorithm_brings_its_run_settings_and_the_command_line_still_wins():
-    """conf/algo_tuning/grpo.yaml: algo=grpo samples at temperature 0.7 with 8 prompts per step; other algorithms
-    keep the schema's defaults; an explicit override beats it; recipes that match budgets pin both back."""
+    """GRPOConfig's default_temperature 0.7 and default_batch_size 8 (the one place they live): algo=grpo samples at
+    temperature 0.7 with 8 prompts per step; other algorithms keep the base defaults (1.0, 4); an explicit override
+    beats it; recipes that match budgets pin both back."""
     grpo, dpo = typed("algo=grpo"), typed("algo=dpo")
     assert (grpo.rollout.temperature, grpo.trainer.batch_size) == (0.7, 8)
     assert (dpo.rollout.temperature, dpo.trainer.batch_size) == (1.0, 4)
     assert typed("algo=grpo", "rollout.temperature=1.0").rollout.temperature == 1.0
     pinned = typed("algo=grpo", "+recipe=algo_compare")
     assert (pinned.rollout.temperature, pinned.trainer.batch_size) == (1.0, 4)
+
+
+@pytest.mark.parametrize("old,new", [
+    ("algo.num_generations=8", "algo.num_samples"), ("algo.num_iterations=2", "algo.epochs"),
+    ("algo.epsilon_high=0.28", "algo.clip_eps_high"), ("algo.clip_range=0.1", "algo.clip_eps_low"),
+    ("algo.value_clip_range=0.1", "algo.value_clip_eps"), ("algo.lam=0.9", "algo.gae_lambda"),
+    ("algo.gamma=0.99", "algo.gae_gamma"), ("data.pairs.samples_per_prompt=4", "data.pairs.num_samples"),
+    ("+algo.num_generations=8", "algo.num_samples"),
+])
+def test_renamed_keys_fail_naming_the_new_key(old, new):
+    """Users' scripts with an old key get one line naming the new one (not Hydra's 'Key not in struct')."""
+    from prefzoo.cli import check_renamed_keys
+
+    with pytest.raises(ConfigError, match=f"was renamed: use {new}"):
+        check_renamed_keys(["algo=grpo", old])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from prefzoo.algos import get_algorithm
-from prefzoo.algos.base import ObjectiveSettings, Policy, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularError, TabularPolicy,
                              TrainSettings, kl_divergence, preference_pairs, prompt_batch, total_variation, train)
 from tests.models.helpers import one_thread_fixture
@@ -133,7 +133,7 @@ def test_reward_model_plugin_recovers_the_reward_up_to_a_constant():
     bandit = TabularBandit(REF, REWARDS)
     cls = get_algorithm("rm")
     algo = cls(cls.config_class(), ObjectiveSettings(beta=0.0))
-    policy = TabularPolicy(REF, with_reference=algo.needs_reference, value_head=algo.needs_value_head)
+    policy = TabularPolicy(REF, with_reference=algo.declaration.reference, value_head=algo.declaration.value_head is not None)
     pairs = preference_pairs(bandit, 20_000, torch.Generator().manual_seed(0))
     train(algo, policy, PairSource(pairs), TrainSettings(steps=150, lr=0.1))
     learned = policy.terminal_table.detach().double()
@@ -207,7 +207,7 @@ def test_driver_online_offline_and_after_step(monkeypatch):
     """train() calls make_experience once per step, loss epochs*minibatches times, after_step once."""
     bandit = TabularBandit(REF, REWARDS)
     cls = get_algorithm("grpo")
-    algo = cls(cls.config_class(num_generations=4, num_iterations=2, num_minibatches=2),
+    algo = cls(cls.config_class(num_samples=4, epochs=2, num_minibatches=2),
                ObjectiveSettings(beta=0.1, kl_estimator="k1", kl_placement="in_reward"))
     calls = {"exp": 0, "loss": 0, "after": 0}
     for name, key in (("make_experience", "exp"), ("loss", "loss"), ("after_step", "after")):
@@ -236,7 +236,7 @@ def test_tiled_replicas_are_independent_runs():
     bandit = TabularBandit(REF, REWARDS)
     tiled = bandit.tile(2)
     cls = get_algorithm("grpo")
-    algo = cls(cls.config_class(num_generations=8, scale_rewards="none"),
+    algo = cls(cls.config_class(num_samples=8, scale_rewards="none"),
                ObjectiveSettings(beta=0.5, kl_estimator="k1", kl_placement="in_reward"))
     policy = TabularPolicy(tiled.ref_logits, seed=1)
     train(algo, policy, PromptSource(4, repeats=8), TrainSettings(steps=20, lr=0.05), scorer=TableScorer(tiled.rewards))

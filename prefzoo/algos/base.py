@@ -1,285 +1,186 @@
-"""The small interfaces an algorithm plugin sees: batches, a policy, a scorer — never a model class or a dataset.
+"""The plugin contract: what an algorithm declares, and the few methods the training loop calls.
 
-A plugin works with:
+A plugin is a subclass of :class:`Algorithm` with a typed config (a subclass of :class:`AlgoConfig`). It
+sees the world only through :mod:`prefzoo.types` (batches, :class:`~prefzoo.types.Policy`, a scorer) and
+:mod:`prefzoo.objective` (the maths); it never imports a model class, a dataset or the loop.
 
-* :class:`SequenceBatch` — prompts (left-padded) and completions (right-padded) as token ids with bool
-  masks; the same layout for a 135M-parameter transformer and for a tabular policy over a handful of
-  responses (:mod:`prefzoo.tabular`).
-* :class:`Policy` — computes per-token log-probs of completion tokens (with gradients), the reference
-  policy's log-probs (without), values (PPO), and samples completions.
-* a scorer ``score(batch) -> rewards (B,)`` handed in by the training loop for online algorithms.
+**What it declares** (:class:`Declaration`, frozen, built once in the constructor by :meth:`Algorithm.declare`
+from the plugin's config and the resolved objective): whether a reference policy must exist, whether it trains
+on its own rollouts, whether it needs the run's reward during training, a value head, whether it trains at all,
+how its loss is reduced (and the constant of a constant normaliser), passes and optimizer steps per batch, and
+which optional capabilities it implements. The loop provides exactly what is declared -- no reference model is
+loaded when none is needed -- and never probes a plugin with ``hasattr``/``getattr``.
 
-The training loop owns optimisation (micro-batches, accumulation, the optimizer step); a plugin turns a
-batch into per-token or per-example losses plus metrics (:class:`LossOutput`), and, when online, turns
-prompts into an :class:`Experience` (sampling, scoring, advantages).
+**What it implements** (the loop calls only these):
+
+=============================  ======================================================================
+``validate_settings``          (static) checks of the plugin's own config against the resolved objective
+``declare``                    the :class:`Declaration`
+``loss``                       one micro-batch -> per-token or per-example losses + metrics (always)
+``loss_mask``                  the tokens ``loss`` returns values for (per-token losses)
+``make_experience``            online plugins: prompts -> a scored :class:`~prefzoo.types.Experience`
+``after_step``                 once per step, with the step's metrics (adapt beta); returns extra metrics
+``evaluation_policy``          the policy the shared evaluation measures (best-of-n: its own procedure)
+``implicit_rewards``           capability ``implicit_rewards``: held-out pair ranking
+``reference_logps``            capability ``precomputed_reference``: summed reference log-probs of pairs,
+                               which the loop computes once before training
+``save_artifacts``             capability ``saves_artifacts``: write a model of its own (the reward model)
+``state_dict``/``load_state``  what a checkpoint keeps of the plugin (its KL controller)
+=============================  ======================================================================
+
+Defaults of the objective (beta, KL estimator and placement) and of the run settings an algorithm brings along
+(rollout temperature, prompts per step) are fields of its config dataclass (``default_*``): the one place they
+live. ``objective.beta=null``, ``objective.kl_estimator=null``, ``rollout.temperature=null`` and
+``trainer.batch_size=null`` (the defaults) take them, see :func:`prefzoo.config.resolve_defaults`.
+
+The sampling settings (:class:`~prefzoo.types.SamplingParams`) reach the plugin once, in its constructor: the
+loss recomputes log-probs at ``self.sampling.temperature`` (the temperature the sampler drew with), and a
+constant loss normaliser uses ``self.sampling.max_new_tokens``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Optional
 
-import torch
 from torch import Tensor
 
-from prefzoo.objective.controllers import make_kl_controller
-from prefzoo.objective.reduce import loss_normaliser
+from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
+from prefzoo.types import (Batch, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
+                           Scorer, ValueHeadSpec)
 
-
-def _pad_cat(tensors: list[Tensor], side: str, value) -> Tensor:
-    """Concatenate (B_i, L_i) tensors along dim 0, padding dim 1 on ``side`` to the longest L."""
-    width = max(t.shape[1] for t in tensors)
-    out = []
-    for t in tensors:
-        pad = width - t.shape[1]
-        if pad:
-            filler = torch.full((t.shape[0], pad), value, dtype=t.dtype, device=t.device)
-            t = torch.cat([filler, t] if side == "left" else [t, filler], dim=1)
-        out.append(t)
-    return torch.cat(out, dim=0)
-
-
-@dataclass
-class Batch:
-    """Rows of tensors (first dim = batch) and per-row lists, selectable and concatenable by row.
-
-    Subclasses add fields; every Tensor field has the batch as its first dimension, every list field has one
-    entry per row, every other field is carried over unchanged.
-    """
-
-    def __len__(self) -> int:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, (Tensor, list)):
-                return len(v)
-        return 0
-
-    def select(self, index) -> "Batch":
-        """The rows ``index`` (a slice, a list or a LongTensor of row numbers)."""
-        if isinstance(index, Tensor):
-            index = index.tolist()
-        changes = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, Tensor):
-                changes[f.name] = v[index] if not isinstance(index, list) else v[torch.as_tensor(index, dtype=torch.long, device=v.device)]
-            elif isinstance(v, list):
-                changes[f.name] = v[index] if isinstance(index, slice) else [v[i] for i in index]
-            elif isinstance(v, dict):
-                changes[f.name] = {k: (x[index] if isinstance(index, slice) else [x[i] for i in index]) if isinstance(x, list)
-                                   else (x[index] if isinstance(x, Tensor) else x) for k, x in v.items()}
-        return dataclasses.replace(self, **changes)
-
-    def to(self, device) -> "Batch":
-        changes = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
-                   if isinstance(getattr(self, f.name), Tensor)}
-        return dataclasses.replace(self, **changes)
-
-    def chunks(self, size: int) -> list["Batch"]:
-        """Consecutive row slices of at most ``size`` rows."""
-        return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
-
-
-@dataclass
-class SequenceBatch(Batch):
-    """Prompt + completion token ids. B = rows, P = prompt length, C = completion length.
-
-    Attributes:
-        prompt_ids: Shape (B, P), left-padded.
-        prompt_mask: Shape (B, P) bool, True on real prompt tokens.
-        completion_ids: Shape (B, C), right-padded.
-        completion_mask: Shape (B, C) bool, True on completion tokens that count (EOS included).
-        prompt_index: Shape (B,) long, which prompt of the source batch each row answers (rollouts), or None.
-        truncated: Shape (B,) bool, completion hit the length limit without EOS, or None.
-    """
-
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    completion_ids: Tensor
-    completion_mask: Tensor
-    prompt_index: Tensor | None = None
-    truncated: Tensor | None = None
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return int(self.completion_mask.sum())
-
-    @staticmethod
-    def cat(batches: list["SequenceBatch"], pad_id: int = 0) -> "SequenceBatch":
-        """Stack batches row-wise (prompts re-left-padded, completions re-right-padded to common lengths)."""
-        opt = lambda name: (torch.cat([getattr(b, name) for b in batches])  # noqa: E731
-                            if all(getattr(b, name) is not None for b in batches) else None)
-        return SequenceBatch(
-            prompt_ids=_pad_cat([b.prompt_ids for b in batches], "left", pad_id),
-            prompt_mask=_pad_cat([b.prompt_mask for b in batches], "left", False),
-            completion_ids=_pad_cat([b.completion_ids for b in batches], "right", pad_id),
-            completion_mask=_pad_cat([b.completion_mask for b in batches], "right", False),
-            prompt_index=opt("prompt_index"), truncated=opt("truncated"),
-        )
-
-
-#: Optional :attr:`PromptBatch.columns` entry: one int seed per prompt. A policy that finds it draws each
-#: prompt's samples from a random stream seeded by it alone (not by the batch's other prompts), so a
-#: rollout does not depend on how prompts are split into batches or data-parallel processes. It is not a
-#: dataset column: scorers do not pass it on to reward functions.
-ROLLOUT_SEED_COLUMN = "rollout_seed"
-
-
-@dataclass
-class PromptBatch(Batch):
-    """Prompts to sample from. B = prompts, P = prompt length.
-
-    Attributes:
-        prompt_ids: Shape (B, P), left-padded.
-        prompt_mask: Shape (B, P) bool.
-        columns: the dataset's other columns (e.g. ``answer``), each a list of B values, for reward functions;
-            plus, from the training loop, :data:`ROLLOUT_SEED_COLUMN`.
-    """
-
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    columns: dict[str, list] = field(default_factory=dict)
-
-
-@dataclass
-class SamplingParams:
-    """How completions are sampled. ``temperature`` also divides the logits when log-probs are recomputed."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    greedy: bool = False
-
-
-@dataclass
-class LossOutput:
-    """What a plugin's ``loss`` returns; the training loop reduces it with :func:`prefzoo.objective.aggregate_loss`.
-
-    Attributes:
-        values: per-token losses, Shape (B, C), or per-example losses, Shape (B,). Units: nats-scale.
-        mask: Shape (B, C) bool for per-token losses; None for per-example ones.
-        metrics: scalars (floats) describing this micro-batch; averaged over micro-batches by row count.
-    """
-
-    values: Tensor
-    mask: Tensor | None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """What a plugin may ask of a policy (a language model with adapters, or a tabular policy)."""
-
-    def logps(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
-              ) -> tuple[Tensor, Tensor | None]:
-        """Per-token log pi_theta of the completion tokens (float32, 0 where masked), Shape (B, C), with grad;
-        and the per-token entropy of pi_theta (nats, Shape (B, C), no grad) when ``with_entropy``."""
-
-    def ref_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
-        """Per-token log pi_ref of the completion tokens, Shape (B, C), float32, no grad."""
-
-    def sample(self, prompts: PromptBatch, num_samples: int, params: SamplingParams) -> SequenceBatch:
-        """``num_samples`` completions per prompt, grouped: rows [i*n, (i+1)*n) answer prompt i."""
-
-
-Scorer = Callable[[SequenceBatch, PromptBatch], Tensor]
-"""``score(samples, prompts) -> rewards`` Shape (B,) float32, one scalar reward per sampled completion."""
+CAPABILITIES = ("implicit_rewards", "precomputed_reference", "saves_artifacts")
 
 
 @dataclass
 class AlgoConfig:
-    """Settings shared by every algorithm; each plugin subclasses it with its own fields and defaults."""
+    """Settings shared by every algorithm; each plugin subclasses it with its own fields and defaults.
+
+    Attributes:
+        name: the registry name (``algo=<name>``).
+        target: a user's own plugin, by import path (``algo=custom algo.target=my_pkg.algos:MyAlgo``); None for
+            the built-in and installed ones.
+        default_beta: beta when ``objective.beta`` is null.
+        default_kl_estimator / default_kl_placement: when ``objective.kl_estimator`` / ``kl_placement`` are null.
+        default_temperature: the rollout temperature when ``rollout.temperature`` is null.
+        default_batch_size: rows per step (pairs, or prompts for online algorithms) when ``trainer.batch_size``
+            is null.
+    """
 
     name: str = "???"
+    target: Optional[str] = None  # algo=custom: the plugin's import path, e.g. my_pkg.algos:MyAlgo
+    default_beta: float = 0.1
+    default_kl_estimator: str = "k1"
+    default_kl_placement: str = "in_reward"
+    default_temperature: float = 1.0
+    default_batch_size: int = 4
 
 
-@dataclass
-class ObjectiveSettings:
-    """The resolved objective a plugin optimises: J = E[r] - beta * D(pi || pi_ref)."""
+@dataclass(frozen=True)
+class Declaration:
+    """What a plugin needs from the loop and what it offers, stated once (see the module docstring).
 
-    beta: float
-    divergence: str = "reverse_kl"
-    alpha: float = 0.5
-    kl_estimator: str = "k1"
-    kl_placement: str = "in_reward"
-    kl_controller: str = "fixed"
-    kl_target: float | None = None
-    kl_horizon: int = 10000
+    Attributes:
+        reference: a reference policy pi_ref must exist (if False none is built, except the free
+            adapter-disabled one under LoRA, for drift metrics).
+        online: trains on its own rollouts: the loop hands it prompts and a scorer (``make_experience``);
+            False: batches of preference pairs from the data set.
+        reward: needs the run's reward during training (a scorer over sampled completions).
+        value_head: the value head to build (PPO, reward models), or None.
+        trains: False for a plugin with no training step (best-of-n): the loop runs none and evaluates
+            :meth:`Algorithm.evaluation_policy` once.
+        aggregation: how per-token / per-example losses are reduced (:data:`prefzoo.objective.AGGREGATIONS`).
+        aggregation_constant: the constant of ``aggregation="constant"`` (tokens per sequence), else None.
+        epochs: passes over each batch or rollout.
+        num_minibatches: optimizer steps per pass.
+        num_samples: completions sampled per prompt (G) by an online plugin (0: none); the evaluation's pass@k.
+        capabilities: the optional methods implemented, a subset of :data:`CAPABILITIES`.
+        progress_keys: metrics shown on the progress bar.
+    """
+
+    reference: bool
+    online: bool = False
+    reward: bool = False
+    value_head: ValueHeadSpec | None = None
+    trains: bool = True
+    aggregation: str = "example_mean"
+    aggregation_constant: int | None = None
+    epochs: int = 1
+    num_minibatches: int = 1
+    num_samples: int = 0
+    capabilities: frozenset[str] = frozenset()
+    progress_keys: tuple[str, ...] = ("loss",)
+
+    def __post_init__(self) -> None:
+        from prefzoo.errors import PluginError
+
+        if self.aggregation not in AGGREGATIONS:
+            raise PluginError(f"declaration: aggregation={self.aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
+        if (self.aggregation == "constant") != (self.aggregation_constant is not None):
+            raise PluginError("declaration: aggregation='constant' needs aggregation_constant (tokens per sequence), "
+                              "and only it takes one")
+        unknown = set(self.capabilities) - set(CAPABILITIES)
+        if unknown:
+            raise PluginError(f"declaration: unknown capabilities {sorted(unknown)}; valid: {', '.join(CAPABILITIES)}")
+        if self.epochs < 1 or self.num_minibatches < 1:
+            raise PluginError(f"declaration: epochs={self.epochs} and num_minibatches={self.num_minibatches} must be >= 1")
+
+    def has(self, capability: str) -> bool:
+        """Whether the plugin implements the optional ``capability`` (one of :data:`CAPABILITIES`)."""
+        return capability in self.capabilities
 
 
 class Algorithm:
-    """Base class of algorithm plugins. Subclasses set the class attributes and implement ``loss``.
+    """Base class of algorithm plugins (see the module docstring for the contract).
 
     Class attributes:
         name: the registry name (``algo=<name>``).
-        config_class: the plugin's typed config (subclass of :class:`AlgoConfig`).
-        default_beta: beta when ``objective.beta`` is null.
-        default_kl_estimator / default_kl_placement: when ``objective.kl_estimator`` / ``kl_placement`` are null.
-        online: True if it trains on its own samples (needs prompts, a scorer and ``make_experience``);
-            False if it trains on a fixed preference dataset.
-        needs_value_head: True if ``policy.values`` is used (PPO).
-        trains: False for a plugin without training steps (best-of-n): the loop runs none, whatever
-            ``trainer.max_steps`` says, and evaluates :meth:`evaluation_policy` once.
+        config_class: the plugin's typed config (a subclass of :class:`AlgoConfig`).
 
-    Instance attribute set by the training loop:
-        all_reduce: under data parallelism, a callable returning the element-wise SUM of a tensor over all
-            processes (every process must call it, in the same order); None in one process. A plugin that
-            computes batch statistics (advantage whitening, a batch-wide reward std) passes it on to the
-            objective function that takes it, so the statistics are those of the global batch.
+    Instance attributes:
+        cfg, objective, sampling: the plugin's config, the resolved objective, the rollout's sampling settings.
+        declaration: :meth:`declare`'s result, fixed for the run.
+        kl_ctl: the beta controller (fixed or adaptive); ``beta`` is its current value.
+        all_reduce: set by the loop under data parallelism: a callable returning the element-wise SUM of a tensor
+            over all processes (every process must call it, in the same order); None in one process. A plugin
+            that computes batch statistics (advantage whitening, a batch-wide reward std) passes it on.
     """
 
     name: ClassVar[str]
     config_class: ClassVar[type[AlgoConfig]] = AlgoConfig
-    default_beta: ClassVar[float] = 0.1
-    default_kl_estimator: ClassVar[str] = "k1"
-    default_kl_placement: ClassVar[str] = "in_reward"
-    online: ClassVar[bool] = False
-    needs_value_head: ClassVar[bool] = False
-    trains: ClassVar[bool] = True
-    aggregation: str = "example_mean"
-    max_length_for_aggregation: int | None = None
-    progress_keys: ClassVar[tuple[str, ...]] = ("loss",)
     all_reduce: Callable[[Tensor], Tensor] | None = None
 
-    def __init__(self, cfg: AlgoConfig, objective: ObjectiveSettings):
+    def __init__(self, cfg: AlgoConfig, objective: ObjectiveSettings, sampling: SamplingParams | None = None):
+        self.validate_settings(cfg, objective)
         self.cfg = cfg
         self.objective = objective
+        self.sampling = sampling if sampling is not None else SamplingParams()
         self.kl_ctl = make_kl_controller(objective.kl_controller, objective.beta, objective.kl_target,
                                          objective.kl_horizon)
+        self.declaration: Declaration = self.declare()
 
+    # ------------------------------------------------------------------ declared
+    @staticmethod
+    def validate_settings(cfg: AlgoConfig, objective: ObjectiveSettings) -> None:
+        """Check the plugin's own settings against the resolved objective; raise ``ConfigError`` naming the key.
+
+        Runs before any model loads (the CLI) and in the constructor. Sees only the plugin's config and the
+        resolved objective (defaults already applied), never the rest of the run config.
+        """
+
+    def declare(self) -> Declaration:
+        """What this plugin needs and offers (called once, in the constructor)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement declare()")
+
+    # ------------------------------------------------------------------- always
     @property
     def beta(self) -> float:
         return self.kl_ctl.beta
 
-    @property
-    def epochs(self) -> int:
-        """Passes over each batch or rollout (PPO epochs, GRPO's num_iterations)."""
-        return int(getattr(self.cfg, "epochs", 1))
-
-    @property
-    def num_minibatches(self) -> int:
-        """Optimizer steps per pass over a batch or rollout."""
-        return int(getattr(self.cfg, "num_minibatches", 1))
-
-    @property
-    def needs_reference(self) -> bool:
-        """Whether a reference policy must exist (if not, none is loaded)."""
-        return True
-
-    def evaluation_policy(self, policy: Policy, score: Scorer | None) -> Policy:
-        """The policy the shared evaluation measures: ``policy`` itself, or a plugin's own sampling procedure
-        built on it (best-of-n: the best of n samples under ``score``)."""
-        return policy
-
-    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer,
-                        sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
-        """Online algorithms: sample, score and compute advantages, without gradients."""
-        raise NotImplementedError(f"{self.name} is offline: it trains on a preference dataset")
-
     def loss(self, policy: Policy, batch: Batch) -> LossOutput:
         """Per-token or per-example losses of one micro-batch (with gradients), and its metrics."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement loss()")
 
     def loss_mask(self, batch: Batch) -> Tensor | None:
         """The mask of the tokens ``loss`` will return values for (None for per-example losses)."""
@@ -288,15 +189,38 @@ class Algorithm:
     def normaliser(self, batch: Batch) -> float:
         """This micro-batch's share of the loss normaliser (summed over a mini-batch by the loop)."""
         mask = self.loss_mask(batch)
-        return loss_normaliser(mask if mask is not None else len(batch), self.aggregation,
-                               self.max_length_for_aggregation)
+        d = self.declaration
+        return loss_normaliser(mask if mask is not None else len(batch), d.aggregation, d.aggregation_constant)
+
+    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
+        """Online plugins: sample ``self.sampling``, score, and compute advantages, without gradients."""
+        raise NotImplementedError(f"{self.name} is offline: it trains on a preference dataset")
 
     def after_step(self, metrics: dict[str, float], num_samples: int) -> dict[str, float]:
         """Called once per training step with the step's metrics (e.g. to adapt beta); returns extra metrics."""
         return {}
+
+    def evaluation_policy(self, policy: Policy, score: Scorer | None) -> Policy:
+        """The policy the shared evaluation measures: ``policy`` itself, or a plugin's own sampling procedure
+        built on it (best-of-n: the best of n samples under ``score``)."""
+        return policy
 
     def state_dict(self) -> dict[str, Any]:
         return {"kl_ctl": self.kl_ctl.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.kl_ctl.load_state_dict(state["kl_ctl"])
+
+    # ------------------------------------------------- optional (declared capabilities)
+    def implicit_rewards(self, policy: Policy, batch) -> tuple[Tensor, Tensor]:
+        """Capability ``implicit_rewards``: the plugin's rewards of chosen and rejected, Shape (B,) each, for
+        held-out preference accuracy."""
+        raise NotImplementedError(f"{self.name} does not declare the capability 'implicit_rewards'")
+
+    def reference_logps(self, policy: Policy, batch) -> tuple[Tensor, Tensor]:
+        """Capability ``precomputed_reference``: summed reference log-probs (B,) of chosen and rejected."""
+        raise NotImplementedError(f"{self.name} does not declare the capability 'precomputed_reference'")
+
+    def save_artifacts(self, run_dir: Path, policy: Policy) -> None:
+        """Capability ``saves_artifacts``: write a model of the plugin's own into ``run_dir``."""
+        raise NotImplementedError(f"{self.name} does not declare the capability 'saves_artifacts'")

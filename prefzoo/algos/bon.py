@@ -5,7 +5,7 @@ score them with the run's reward r (the PROXY when a gold reward is evaluated ne
 
     y* = argmax_i r(x, y_i)         (the first of the best on a tie)
 
-Nothing is trained: the plugin declares ``trains = False``, the loop runs no step whatever
+Nothing is trained: the plugin declares ``trains=False``, the loop runs no step whatever
 ``trainer.max_steps`` says, and the shared :class:`~prefzoo.evaluation.evaluate.Evaluator` measures
 :class:`BestOfNPolicy` -- the procedure above as a policy -- exactly as it measures trained policies: its
 "greedy" answer to a held-out prompt and each of its samples are best-of-n draws, scored by the same
@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.errors import ConfigError
+from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch
 from prefzoo.objective import best_of_n_indices, best_of_n_kl
 
 
 @dataclass
 class BoNConfig(AlgoConfig):
     name: str = "bon"
+    default_beta: float = 0.0  # no divergence coefficient: n sets the distance to the reference
     n: int = 4  # candidates per answer; n = 1 is the reference policy itself
 
 
@@ -64,7 +65,7 @@ class BestOfNPolicy:
 
     def __init__(self, base: Policy, score: Scorer, n: int):
         if score is None:
-            raise ValueError("best-of-n needs a scorer (the run's reward) to rank its candidates")
+            raise ConfigError("best-of-n needs a scorer (the run's reward) to rank its candidates")
         self.base, self.score, self.n = base, score, int(n)
         self.analytic_kl = best_of_n_kl(self.n)
         self.last_rewards: Tensor | None = None
@@ -107,28 +108,19 @@ class BestOfN(Algorithm):
 
     name = "bon"
     config_class = BoNConfig
-    default_beta: ClassVar[float] = 0.0  # no divergence coefficient: n sets the distance to the reference
-    online = True  # it samples from prompts and needs the run's scorer
-    trains = False
-    progress_keys = ()
 
     @staticmethod
-    def validate_config(cfg) -> None:
-        from prefzoo.errors import ConfigError
-
-        n = cfg.algo.n
+    def validate_settings(cfg: BoNConfig, objective: ObjectiveSettings) -> None:
+        n = cfg.n
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"algo.n={n!r}: best-of-n needs an integer n >= 1 (n = 1 is the reference itself).")
 
-    @property
-    def needs_reference(self) -> bool:
-        return False  # the candidates come from the (untrained) policy itself
+    def declare(self) -> Declaration:
+        # no reference: the candidates come from the (untrained) policy itself; it samples and needs the scorer
+        return Declaration(reference=False, online=True, reward=True, trains=False, progress_keys=())
 
     def evaluation_policy(self, policy: Policy, score: Scorer | None) -> BestOfNPolicy:
         return BestOfNPolicy(policy, score, self.cfg.n)
-
-    def make_experience(self, policy, prompts, score, sampling):
-        raise NotImplementedError("best-of-n has no training steps: the loop evaluates it directly")
 
     def loss(self, policy, batch):
         raise NotImplementedError("best-of-n has no training steps: the loop evaluates it directly")

@@ -14,12 +14,12 @@ token of the completion (the state after the whole reply, EOS included when ther
 model of :mod:`prefzoo.models.value` (``algo.value_adapter=shared``: the head on the run's own adapter) read at
 the terminal state: ``policy.values`` gives V of the state before each completion token, so the plugin asks for
 the values of the batch with one more completion column and reads column L (the state after token L-1), see
-:func:`sequence_rewards`. The same scalar-head module therefore serves as PPO's value function and as the reward
+:func:`prefzoo.types.sequence_rewards`. The same scalar-head module therefore serves as PPO's value function and as the reward
 model (InstructGPT initialises one from the other).
 
-Offline, like DPO: batches are :class:`~prefzoo.data.preference.PreferenceBatch`; no reference model is loaded.
+Offline, like DPO: batches are :class:`~prefzoo.types.PreferenceBatch`; no reference model is loaded.
 Held-out pair accuracy comes from :meth:`RewardModelling.implicit_rewards` through the shared evaluator
-(``preference_accuracy``). At the end of the run :meth:`RewardModelling.save` writes the reward model into the
+(``preference_accuracy``). At the end of the run :meth:`RewardModelling.save_artifacts` writes the reward model into the
 run folder (``adapter/``, ``value_head.safetensors``, ``value_model.json`` with the run's data settings);
 ``reward=model reward.path=<run folder>`` then scores text with it, and ``data=model`` (the default data for
 that reward) gives PPO the prompts of the reward model's own task.
@@ -29,73 +29,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, LossOutput, Policy, SequenceBatch
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.errors import ConfigError
+from prefzoo.objective import bradley_terry_loss
+from prefzoo.types import LossOutput, ObjectiveSettings, PreferenceBatch, ValueHeadSpec, ValuePolicy, sequence_rewards
 
 
 @dataclass
 class RMConfig(AlgoConfig):
     name: str = "rm"
+    default_beta: float = 0.0  # no KL term: this trains a reward, not a policy
     center_rewards_coef: float = 0.0  # weight of (r_w + r_l)^2 (Eisenstein et al. 2023); 0: plain Bradley-Terry
     value_adapter: str = "shared"  # the head on the run's own LoRA adapter (see prefzoo.models.value)
     head_init: str = "normal"  # N(0, 1/(hidden+1)): an untrained model ranks pairs at chance instead of all ties
-
-
-def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tensor:
-    """Per-pair negative log-likelihood of the preference under Bradley-Terry.
-
-        loss = -log sigma(r_w - r_l) = log(1 + exp(-(r_w - r_l)))   (computed stably with logsigmoid)
-
-    Shape: chosen_rewards (B,), rejected_rewards (B,) -> (B,); B = pairs.
-    Units: nats.
-
-    Raises:
-        ValueError: the shapes differ.
-
-    Source: Bradley & Terry 1952; Ouyang et al. 2022, eq. 1.
-    """
-    if chosen_rewards.shape != rejected_rewards.shape:
-        raise ValueError(f"chosen_rewards {tuple(chosen_rewards.shape)} and rejected_rewards "
-                         f"{tuple(rejected_rewards.shape)} must have the same shape (B,)")
-    return -F.logsigmoid(chosen_rewards - rejected_rewards)
-
-
-def with_terminal_column(batch: SequenceBatch, fill_id: int = 0) -> SequenceBatch:
-    """The batch with one more completion column, counted in each row right after its last token.
-
-    Column L_b of row b (L_b = its number of completion tokens) becomes a counted filler token, so that
-    ``values[b, L_b]`` -- the value of the state before that column -- is the value of the state after the whole
-    completion. The filler never influences it (causal attention: a position sees only earlier ones).
-
-    Shape: (B, P) prompts and (B, C) completions -> (B, C + 1) completions. Completions must be right-padded.
-    """
-    b, c = batch.completion_ids.shape
-    lengths = batch.completion_mask.sum(-1)
-    ids = torch.cat([batch.completion_ids, torch.full((b, 1), fill_id, dtype=batch.completion_ids.dtype,
-                                                      device=batch.completion_ids.device)], dim=1)
-    mask = torch.arange(c + 1, device=lengths.device)[None, :] <= lengths[:, None]
-    return SequenceBatch(batch.prompt_ids, batch.prompt_mask, ids, mask)
-
-
-def sequence_rewards(values_fn, batch: SequenceBatch) -> Tensor:
-    """r(x, y): the scalar head read at the state after the last completion token.
-
-    Args:
-        values_fn: ``batch -> values`` Shape (B, C) (``policy.values`` or a value model), values of the state
-            before each completion token.
-        batch: prompts and right-padded completions.
-    Returns:
-        Shape (B,) float32 rewards, with the gradient of ``values_fn``.
-    """
-    lengths = batch.completion_mask.sum(-1)
-    values = values_fn(with_terminal_column(batch))
-    return values.gather(1, lengths[:, None].long())[:, 0]
 
 
 @register
@@ -104,34 +55,28 @@ class RewardModelling(Algorithm):
 
     name = "rm"
     config_class = RMConfig
-    default_beta: ClassVar[float] = 0.0  # no KL term: this trains a reward, not a policy
-    online = False
-    needs_value_head = True
-    aggregation = "example_mean"
-    progress_keys = ("loss", "accuracy", "margin")
 
     @staticmethod
-    def validate_config(cfg) -> None:
-        from prefzoo.errors import ConfigError
+    def validate_settings(cfg: RMConfig, objective: ObjectiveSettings) -> None:
+        if cfg.center_rewards_coef < 0:
+            raise ConfigError(f"algo.center_rewards_coef={cfg.center_rewards_coef} must be >= 0.")
+        if cfg.value_adapter not in ("shared", "separate"):
+            raise ConfigError(f"algo.value_adapter={cfg.value_adapter!r}; choose shared or separate.")
+        if cfg.head_init not in ("normal", "zeros"):
+            raise ConfigError(f"algo.head_init={cfg.head_init!r}; choose normal or zeros.")
 
-        if cfg.algo.center_rewards_coef < 0:
-            raise ConfigError(f"algo.center_rewards_coef={cfg.algo.center_rewards_coef} must be >= 0.")
-        if cfg.algo.value_adapter not in ("shared", "separate"):
-            raise ConfigError(f"algo.value_adapter={cfg.algo.value_adapter!r}; choose shared or separate.")
-        if cfg.algo.head_init not in ("normal", "zeros"):
-            raise ConfigError(f"algo.head_init={cfg.algo.head_init!r}; choose normal or zeros.")
+    def declare(self) -> Declaration:
+        return Declaration(reference=False, value_head=ValueHeadSpec(self.cfg.value_adapter, self.cfg.head_init),
+                           aggregation="example_mean",
+                           capabilities=frozenset({"implicit_rewards", "saves_artifacts"}),
+                           progress_keys=("loss", "accuracy", "margin"))
 
-    @property
-    def needs_reference(self) -> bool:
-        return False
-
-    def pair_rewards(self, policy: Policy, batch) -> tuple[Tensor, Tensor]:
+    def pair_rewards(self, policy: ValuePolicy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """Rewards of chosen and rejected, Shape (B,) each, from ONE forward pass over the 2B rows."""
-        both = SequenceBatch.cat([batch.chosen, batch.rejected], getattr(policy, "pad_id", 0) or 0)
-        rewards = sequence_rewards(policy.values, both)
+        rewards = sequence_rewards(policy.values, batch.stacked())
         return rewards[: len(batch)], rewards[len(batch):]
 
-    def loss(self, policy: Policy, batch) -> LossOutput:
+    def loss(self, policy: ValuePolicy, batch: PreferenceBatch) -> LossOutput:
         chosen, rejected = self.pair_rewards(policy, batch)
         losses = bradley_terry_loss(chosen, rejected)
         if self.cfg.center_rewards_coef:
@@ -143,18 +88,14 @@ class RewardModelling(Algorithm):
         return LossOutput(losses, None, metrics)
 
     @torch.no_grad()
-    def implicit_rewards(self, policy: Policy, batch) -> tuple[Tensor, Tensor]:
+    def implicit_rewards(self, policy: ValuePolicy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """Held-out ranking for the evaluator: the rewards of chosen and rejected, Shape (B,) each."""
         return self.pair_rewards(policy, batch)
 
-    # ---------------------------------------------------------------- saving
-    def save(self, run_dir: Path, policy) -> None:
+    def save_artifacts(self, run_dir: Path, policy: ValuePolicy) -> None:
         """Write the reward model in a loadable form into ``run_dir`` (called by the loop after training).
 
         ``adapter/`` (peft format), ``value_head.safetensors`` and ``value_model.json`` (base model, the run's
         data settings); :func:`prefzoo.rewards.model.reward_model_function` reads them back.
         """
-        value_model = getattr(policy, "value_model", None)
-        if value_model is None or not hasattr(value_model, "save_pretrained"):
-            raise RuntimeError("algo=rm needs a policy whose value model can save itself (prefzoo.models.value).")
-        value_model.save_pretrained(Path(run_dir), extra={"kind": "reward_model", "read_out": "terminal_state"})
+        policy.save_value_head(Path(run_dir), extra={"kind": "reward_model", "read_out": "terminal_state"})

@@ -18,20 +18,21 @@ to the same margin (0 by default).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, LossOutput, Policy, SequenceBatch
-from prefzoo.algos.dpo import preference_loss
-from prefzoo.objective import mean_logps, sequence_logps
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.errors import ConfigError
+from prefzoo.objective import mean_logps, pairwise_loss, sequence_logps
+from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch
 
 
 @dataclass
 class SimPOConfig(AlgoConfig):
     name: str = "simpo"
+    default_beta: float = 2.0  # the reward scale (the paper: 2.0-2.5)
     gamma_beta_ratio: float = 0.5  # gamma = gamma_beta_ratio * beta
     sft_weight: float = 0.0  # CPO-style NLL on chosen
     label_smoothing: float = 0.0
@@ -43,30 +44,27 @@ class SimPO(Algorithm):
 
     name = "simpo"
     config_class = SimPOConfig
-    default_beta: ClassVar[float] = 2.0
-    online = False
-    aggregation = "example_mean"
-    progress_keys = ("loss", "rewards/accuracies", "rewards/margins")
 
-    @property
-    def needs_reference(self) -> bool:
-        return False
+    @staticmethod
+    def validate_settings(cfg: SimPOConfig, objective: ObjectiveSettings) -> None:
+        if not objective.beta > 0:
+            raise ConfigError(f"objective.beta={objective.beta}: SimPO needs beta > 0 (the reward scale; the paper "
+                              "uses 2.0-2.5).")
+        if cfg.sft_weight < 0:
+            raise ConfigError(f"algo.sft_weight={cfg.sft_weight} must be >= 0.")
+        if not 0 <= cfg.label_smoothing < 0.5:
+            raise ConfigError(f"algo.label_smoothing={cfg.label_smoothing} must be in [0, 0.5).")
+
+    def declare(self) -> Declaration:
+        return Declaration(reference=False, aggregation="example_mean", capabilities=frozenset({"implicit_rewards"}),
+                           progress_keys=("loss", "rewards/accuracies", "rewards/margins"))
 
     @property
     def gamma(self) -> float:
         return self.cfg.gamma_beta_ratio * self.beta
 
-    @staticmethod
-    def validate_config(cfg) -> None:
-        from prefzoo.errors import ConfigError
-
-        if cfg.objective.beta is not None and cfg.objective.beta <= 0:
-            raise ConfigError("SimPO needs objective.beta > 0 (the reward scale; the paper uses 2.0-2.5).")
-        if cfg.algo.sft_weight < 0:
-            raise ConfigError(f"algo.sft_weight={cfg.algo.sft_weight} must be >= 0.")
-
-    def _forward(self, policy: Policy, batch) -> dict[str, Tensor]:
-        both = SequenceBatch.cat([batch.chosen, batch.rejected])
+    def _forward(self, policy: Policy, batch: PreferenceBatch) -> dict[str, Tensor]:
+        both = batch.stacked()
         logps, _ = policy.logps(both)
         b = len(batch)
         mean = mean_logps(logps, both.completion_mask)
@@ -74,11 +72,11 @@ class SimPO(Algorithm):
         return {"chosen_mean": mean[:b], "rejected_mean": mean[b:], "chosen_logps": total[:b],
                 "rejected_logps": total[b:]}
 
-    def loss(self, policy: Policy, batch) -> LossOutput:
+    def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
         f = self._forward(policy, batch)
         chosen_rewards, rejected_rewards = self.beta * f["chosen_mean"], self.beta * f["rejected_mean"]
         margin = chosen_rewards - rejected_rewards - self.gamma
-        losses = preference_loss(margin, self.beta, "sigmoid", self.cfg.label_smoothing)
+        losses = pairwise_loss(margin, "sigmoid", self.beta, self.cfg.label_smoothing)
         if self.cfg.sft_weight:
             losses = losses - self.cfg.sft_weight * f["chosen_mean"]
         with torch.no_grad():
@@ -91,7 +89,7 @@ class SimPO(Algorithm):
         return LossOutput(losses, None, metrics)
 
     @torch.no_grad()
-    def implicit_rewards(self, policy: Policy, batch) -> tuple[Tensor, Tensor]:
+    def implicit_rewards(self, policy: Policy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """Held-out ranking: beta times the mean log-prob of chosen and of rejected, Shape (B,) each."""
         f = self._forward(policy, batch)
         return self.beta * f["chosen_mean"], self.beta * f["rejected_mean"]

@@ -30,7 +30,7 @@ import datasets
 import torch
 from torch import Tensor
 
-from prefzoo.algos.base import Batch, SequenceBatch
+from prefzoo.types import PreferenceBatch, SequenceBatch
 from prefzoo.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -196,43 +196,6 @@ def pad_rows(rows: list[list[int]], side: str, pad_id: int) -> tuple[Tensor, Ten
         ids[i, sl] = torch.tensor(r, dtype=torch.long)
         mask[i, sl] = True
     return ids, mask
-
-
-@dataclass
-class PreferenceBatch(Batch):
-    """B preference pairs. ``chosen`` and ``rejected`` share the prompt rows.
-
-    Attributes:
-        chosen / rejected: the two completions of each pair as :class:`SequenceBatch` es of B rows.
-        index: Shape (B,) long, the pairs' row numbers in the dataset (for cached reference log-probs).
-        ref_chosen_logps / ref_rejected_logps: Shape (B,) float32 summed reference log-probs if precomputed.
-    """
-
-    chosen: SequenceBatch
-    rejected: SequenceBatch
-    index: Tensor
-    ref_chosen_logps: Tensor | None = None
-    ref_rejected_logps: Tensor | None = None
-
-    def __len__(self) -> int:
-        return int(self.index.shape[0])
-
-    def num_tokens(self) -> int:
-        """Tokens the policy reads per pass: the prompt twice, chosen and rejected."""
-        return int(2 * self.chosen.prompt_mask.sum() + self.chosen.completion_mask.sum()
-                   + self.rejected.completion_mask.sum())
-
-    def select(self, index) -> "PreferenceBatch":
-        pick = lambda t: None if t is None else t[index]  # noqa: E731
-        if isinstance(index, list):
-            index = torch.as_tensor(index, dtype=torch.long)
-        return PreferenceBatch(self.chosen.select(index), self.rejected.select(index), self.index[index],
-                               pick(self.ref_chosen_logps), pick(self.ref_rejected_logps))
-
-    def to(self, device) -> "PreferenceBatch":
-        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return PreferenceBatch(self.chosen.to(device), self.rejected.to(device), self.index.to(device),
-                               mv(self.ref_chosen_logps), mv(self.ref_rejected_logps))
 
 
 def collate_preferences(examples: list[PreferenceExample], indices: list[int], pad_id: int,

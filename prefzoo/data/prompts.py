@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import datasets
 
-from prefzoo.algos.base import PromptBatch
+from prefzoo.types import PromptBatch
 from prefzoo.data.preference import load_table, pad_rows, prompt_text
 from prefzoo.errors import DataError
 

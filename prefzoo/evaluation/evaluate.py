@@ -17,8 +17,9 @@ Metrics (keys of the returned dict):
 * ``preference_accuracy`` (+ ``_se``): held-out pairs whose implicit reward ranks chosen above rejected
   (a tie counts one half: before DPO training every pair ties, which is chance, 0.5).
 
-Policies without per-token log-probs. A policy object may set ``tractable_logps = False`` (best-of-n:
-its sequence distribution has no token-level factorisation to evaluate): ``entropy`` is then left out, and
+Policies without per-token log-probs. A policy sets ``tractable_logps`` (part of the policy interface:
+True for :class:`~prefzoo.models.policy.CausalLMPolicy`; False for best-of-n (best-of-n:
+whose sequence distribution has no token-level factorisation to evaluate): ``entropy`` is then left out, and
 its KL to the reference comes from the policy's ``analytic_kl`` (nats per sequence, e.g. log n - (n-1)/n)
 under the same keys ``kl_k1`` / ``kl_k3`` (standard error 0), with ``kl_method = "analytic"``; otherwise
 ``kl_method = "sampled"`` (k1 / k3 Monte-Carlo estimates on the samples).
@@ -38,11 +39,11 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from prefzoo.algos.base import SamplingParams
+from prefzoo.types import SamplingParams
 from prefzoo.data.preference import collate_preferences
 from prefzoo.errors import RewardError
 from prefzoo.evaluation.diversity import grouped_distinct_n, max_repeat_run
-from prefzoo.objective import kl_estimate
+from prefzoo.objective import masked_mean, sequence_kl
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +67,22 @@ class Evaluator:
         cfg: the ``eval`` config.
         correctness_fn: exact-match function for ``task_accuracy`` when the prompts have answers, or None.
         preference_examples: held-out preference pairs, or None.
-        algo: the plugin (for ``implicit_rewards`` on preference pairs).
+        implicit_rewards: ``(policy, pair batch) -> (chosen rewards (B,), rejected rewards (B,))``, the plugin's
+            held-out ranking (its declared capability ``implicit_rewards``), or None: no preference accuracy.
         group_size: k for pass@k (the online algorithms' group size), or 0 to skip.
         gold_reward_fn: a second reward, the gold standard the run's (proxy) reward stands in for, or None.
     """
 
-    def __init__(self, policy, reward_fn, prompts, cfg, *, correctness_fn=None, preference_examples=None, algo=None,
-                 group_size: int = 0, seed: int = 0, progress: bool = True, gold_reward_fn=None):
+    def __init__(self, policy, reward_fn, prompts, cfg, *, correctness_fn=None, preference_examples=None,
+                 implicit_rewards=None, group_size: int = 0, seed: int = 0, progress: bool = True, gold_reward_fn=None):
         self.policy, self.reward_fn, self.cfg = policy, reward_fn, cfg
         self.prompts = prompts.subset(min(cfg.num_problems, len(prompts))) if prompts is not None else None
         self.correctness_fn = correctness_fn
         self.gold_reward_fn = gold_reward_fn
         self._unusable: set[str] = set()  # reward functions that could not score these prompts (warned once)
         self.preference_examples = preference_examples
-        self.algo, self.group_size, self.seed, self.progress = algo, group_size, seed, progress
+        self.implicit_rewards = implicit_rewards
+        self.group_size, self.seed, self.progress = group_size, seed, progress
 
     def _decode(self, samples) -> list[str]:
         ids = samples.completion_ids.masked_fill(~samples.completion_mask, self.policy.pad_id)
@@ -138,8 +141,8 @@ class Evaluator:
         k, n = self.cfg.diversity_samples, min(self.cfg.diversity_prompts, len(self.prompts))
         params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
         texts_all, rewards, gold, kl1, kl3, ent, lengths = [], [], [], [], [], [], []
-        tractable = getattr(self.policy, "tractable_logps", True)
-        has_ref = tractable and getattr(self.policy, "reference", None) is not None
+        tractable = self.policy.tractable_logps
+        has_ref = tractable and self.policy.reference is not None
         for texts, prompt_texts, cols, samples in self._generate(self.prompts, list(range(n)), k, params, "samples"):
             texts_all += texts
             rewards += self._try_score("reward", self.reward_fn, prompt_texts, texts, cols) or []
@@ -149,11 +152,11 @@ class Evaluator:
             if not tractable:
                 continue
             logps, entropy = self.policy.logps(samples, with_entropy=True)
-            ent += (entropy.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+            ent += masked_mean(entropy, mask, dim=-1).tolist()
             if has_ref:
-                log_ratio = (logps - self.policy.ref_logps(samples)).masked_fill(~mask, 0.0)
-                kl1 += (kl_estimate(log_ratio, "k1") * mask).sum(-1).tolist()
-                kl3 += (kl_estimate(log_ratio, "k3") * mask).sum(-1).tolist()
+                ref_logps = self.policy.ref_logps(samples)
+                kl1 += sequence_kl(logps, ref_logps, mask, "k1").tolist()
+                kl3 += sequence_kl(logps, ref_logps, mask, "k3").tolist()
         out = {"distinct_1": grouped_distinct_n(texts_all, k, 1), "distinct_2": grouped_distinct_n(texts_all, k, 2),
                "completion_length": _mean_se(lengths)[0],
                "max_repeat": _mean_se([float(max_repeat_run(t)) for t in texts_all])[0],
@@ -164,7 +167,7 @@ class Evaluator:
             out["gold_sample_reward"], out["gold_sample_reward_se"] = _mean_se(gold)
         if ent:
             out["entropy"] = _mean_se(ent)[0]
-        analytic = getattr(self.policy, "analytic_kl", None)
+        analytic = self.policy.analytic_kl
         if analytic is not None:
             out.update({"kl_k1": float(analytic), "kl_k1_se": 0.0, "kl_k3": float(analytic), "kl_k3_se": 0.0,
                         "kl_method": "analytic"})
@@ -193,7 +196,7 @@ class Evaluator:
         for start in range(0, len(ex), self.cfg.batch_size // 2 or 1):
             idx = list(range(start, min(start + (self.cfg.batch_size // 2 or 1), len(ex))))
             batch = collate_preferences([ex[i] for i in idx], idx, self.policy.pad_id).to(self.policy.device)
-            chosen, rejected = self.algo.implicit_rewards(self.policy, batch)
+            chosen, rejected = self.implicit_rewards(self.policy, batch)
             wins += ((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).tolist()  # a tie is a coin flip
         mean, se = _mean_se(wins)
         return {"preference_accuracy": mean, "preference_accuracy_se": se, "n_pairs": len(wins)}
@@ -209,7 +212,7 @@ class Evaluator:
                 out.update(self.sampled_metrics())
                 if self.group_size > 1 and self.correctness_fn is not None and "correctness" not in self._unusable:
                     out.update(self.pass_at_k())
-            if self.preference_examples and self.algo is not None and hasattr(self.algo, "implicit_rewards"):
+            if self.preference_examples and self.implicit_rewards is not None:
                 out.update(self.preference_metrics())
             return out
         finally:

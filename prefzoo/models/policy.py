@@ -31,13 +31,15 @@ Sampling uses a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merge
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import contextlib
 import logging
 
 import torch
 from torch import Tensor, nn
 
-from prefzoo.algos.base import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.errors import ModelError
 from prefzoo.models.reference import Reference
 from prefzoo.objective import linear_token_logps, token_entropy, token_logps
@@ -143,6 +145,11 @@ class CausalLMPolicy:
     use the plain model and involve no other process.
     """
 
+    #: per-token log-probs exist (a best-of-n procedure has none); the evaluation reads it
+    tractable_logps = True
+    #: KL(pi || pi_ref) in closed form, nats per sequence, or None (then it is estimated from samples)
+    analytic_kl = None
+
     def __init__(self, model: nn.Module, tokenizer, reference: Reference | None = None,
                  value_model: nn.Module | None = None, logits_chunk_size: int | None = 64,
                  generator: torch.Generator | None = None, fused_logps: bool = True, share_prompts: bool = True,
@@ -203,7 +210,7 @@ class CausalLMPolicy:
 
     def logps(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
               ) -> tuple[Tensor, Tensor | None]:
-        """Per-token log pi_theta(completion token), Shape (B, C) float32 (0 where masked), with grad;
+        """Per-token log pi_theta(completion token), Shape (B, T) float32 (0 where masked), with grad;
         and, if asked, the per-token entropy in nats (detached)."""
         model = self.model
         if self.train_forward is not None and torch.is_grad_enabled():
@@ -225,7 +232,7 @@ class CausalLMPolicy:
 
     @torch.no_grad()
     def ref_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
-        """Per-token log pi_ref(completion token), Shape (B, C) float32, no grad.
+        """Per-token log pi_ref(completion token), Shape (B, T) float32, no grad.
 
         Raises:
             ModelError: the run was set up without a reference (the algorithm declared it needs none).
@@ -251,13 +258,20 @@ class CausalLMPolicy:
         return logps.clone()  # a normal tensor (inference tensors cannot be saved for a backward later)
 
     def values(self, batch: SequenceBatch) -> Tensor:
-        """Per-token value estimates V(prefix up to before each completion token), Shape (B, C), with grad."""
+        """Per-token value estimates V(prefix up to before each completion token), Shape (B, T), with grad."""
         if self.value_model is None:
-            raise ModelError("this policy has no value head: only algorithms that declare needs_value_head get one.")
+            raise ModelError("this policy has no value head: only algorithms whose declaration has a value_head get one.")
         with self.autocast():
             if self.train_forward is not None and torch.is_grad_enabled():
                 return self.train_forward("value", batch)
             return self.value_model(batch)
+
+    def save_value_head(self, folder: Path, extra: dict | None = None) -> Path:
+        """Write the value model (adapter + head + how to rebuild it) into ``folder``
+        (:meth:`prefzoo.models.value.ValueModel.save_pretrained`)."""
+        if self.value_model is None:
+            raise ModelError("this policy has no value head to save: the algorithm declared none.")
+        return self.value_model.save_pretrained(Path(folder), extra=extra)
 
     @torch.no_grad()
     def sample(self, prompts: PromptBatch, num_samples: int, params: SamplingParams) -> SequenceBatch:

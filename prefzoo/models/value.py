@@ -56,7 +56,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from prefzoo.algos.base import SequenceBatch
+from prefzoo.types import SequenceBatch, ValueHeadSpec
 from prefzoo.errors import ConfigError, ModelError
 from prefzoo.rollout.generate import position_ids_from_mask
 
@@ -214,22 +214,20 @@ def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def build_value_model(cfg, model: nn.Module, device: torch.device) -> ValueModel:
+def build_value_model(cfg, spec: ValueHeadSpec, model: nn.Module, device: torch.device) -> ValueModel:
     """The value model for a run (see the module docstring for the design).
 
     Args:
-        cfg: the run's config: ``cfg.algo.value_adapter`` (``separate`` | ``shared``, default separate),
-            ``cfg.algo.head_init`` (``zeros`` | ``normal``, default zeros),
-            ``cfg.model.lora`` (the value adapter uses the policy's LoRA settings, without modules_to_save),
+        cfg: the run's config: ``cfg.model.lora`` (the value adapter uses the policy's LoRA settings, without modules_to_save),
             ``cfg.model.gradient_checkpointing``.
         model: the freshly wrapped trainable policy model (a ``PeftModel`` under LoRA), before any step.
         device: where the head goes (the backbone is already there).
+        spec: what the plugin declared: ``adapter`` (``separate`` | ``shared``) and ``init`` (``zeros`` | ``normal``).
 
     Raises:
         ConfigError: unknown ``value_adapter`` or ``head_init``; ``separate`` with gradient checkpointing.
     """
-    mode = getattr(cfg.algo, "value_adapter", "separate")
-    head_init = getattr(cfg.algo, "head_init", "zeros")
+    mode, head_init = spec.adapter, spec.init
     if mode not in VALUE_ADAPTERS:
         raise ConfigError(f"algo.value_adapter={mode!r}; choose one of {', '.join(VALUE_ADAPTERS)}.")
     m = cfg.model

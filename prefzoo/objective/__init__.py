@@ -1,12 +1,12 @@
 """prefzoo.objective — the maths shared by every algorithm of the zoo.
 
 Every algorithm optimises (or approximates) J(pi) = E_{y~pi}[r] - beta * D(pi || pi_ref).
-This package holds the formulas, and nothing else: it imports only torch (no model, data or
-training loop), so the same code runs on a tabular policy in the tests and on a real model.
+This package holds the formulas, and nothing else: it imports only torch and prefzoo's leaf error module
+(no model, data or training loop), so the same code runs on a tabular policy in the tests and on a real model.
 
 Map (one idea per module):
 
-    errors.py       ObjectiveError (a ValueError) and the input checks that raise it
+    errors.py       ObjectiveError (a PrefzooError and a ValueError) and the input checks that raise it
     logprobs.py     logits -> per-token log-probs (float32, chunked), entropy, masked
                     sum/mean/var, whitening (with a data-parallel all-reduce hook)
     linear_logps.py hidden states -> per-token log-probs with the output layer fused in, chunked
@@ -17,8 +17,9 @@ Map (one idea per module):
                     2024): links f', implicit rewards, exact D_f, the regularised optimum
     controllers.py  beta controllers: fixed, adaptive (Ziegler et al. 2019)
     optimum.py      closed-form optimum pi* = pi_ref exp(r/beta) / Z and J* = beta log Z
-    advantages.py   group-relative advantages (GRPO / Dr. GRPO) and GAE (PPO)
-    surrogate.py    PPO clipped surrogate (with DAPO clip-higher) and clipped value loss
+    advantages.py   group-relative advantages (GRPO / Dr. GRPO), GAE (PPO), the sequence reward on the last token
+    surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance
+    pairwise.py     pairwise links on a margin: Bradley-Terry sigmoid (cDPO smoothing), IPO, hinge
     best_of_n.py    best-of-n: which sample it keeps, its analytic KL log n - (n-1)/n
     reduce.py       the one loss reduction (sequence/token mean, constant, example mean) with a
                     global normaliser, exact under gradient accumulation and data parallelism
@@ -27,7 +28,7 @@ Conventions (DESIGN.md): logps (B, T) float32, log_ratio = logps - ref_logps, bo
 True = "this token counts", loss = -objective.
 """
 
-from .advantages import ADVANTAGE_SCALES, gae, group_advantages
+from .advantages import ADVANTAGE_SCALES, add_sequence_reward, gae, group_advantages
 from .best_of_n import best_of_n_indices, best_of_n_kl
 from .controllers import (
     KL_CONTROLLERS,
@@ -52,8 +53,10 @@ from .kl import (
     kl_estimate,
     kl_loss,
     kl_penalty_rewards,
+    sequence_kl,
 )
 from .logprobs import (
+    last_token_index,
     masked_logps,
     masked_mean,
     masked_sum,
@@ -67,7 +70,8 @@ from .logprobs import (
 from .linear_logps import linear_token_logps
 from .optimum import log_partition, optimal_policy, optimal_value, regularised_objective
 from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
-from .surrogate import clipped_surrogate_loss, clipped_value_loss
+from .pairwise import PAIRWISE_LOSSES, bradley_terry_loss, pairwise_loss
+from .surrogate import clipped_surrogate_loss, clipped_value_loss, explained_variance, ratio_statistics
 
 __all__ = [
     # errors
@@ -83,6 +87,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "last_token_index",
     # kl
     "ESTIMATORS",
     "PLACEMENTS",
@@ -90,6 +95,7 @@ __all__ = [
     "kl_penalty_rewards",
     "kl_loss",
     "categorical_kl",
+    "sequence_kl",
     # divergences
     "DIVERGENCES",
     "FDivergence",
@@ -112,9 +118,16 @@ __all__ = [
     "ADVANTAGE_SCALES",
     "group_advantages",
     "gae",
+    "add_sequence_reward",
     # surrogate
     "clipped_surrogate_loss",
     "clipped_value_loss",
+    "explained_variance",
+    "ratio_statistics",
+    # pairwise
+    "PAIRWISE_LOSSES",
+    "pairwise_loss",
+    "bradley_terry_loss",
     # best-of-n
     "best_of_n_kl",
     "best_of_n_indices",

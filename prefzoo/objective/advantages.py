@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .logprobs import last_token_index
 from .errors import (
     ObjectiveError,
     check_choice,
@@ -21,7 +22,7 @@ from .errors import (
     check_same_shape,
 )
 
-__all__ = ["ADVANTAGE_SCALES", "group_advantages", "gae"]
+__all__ = ["ADVANTAGE_SCALES", "group_advantages", "gae", "add_sequence_reward"]
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
@@ -33,8 +34,8 @@ ADVANTAGE_SCALES = ("group", "batch", "none")
 _EQUAL_ULPS = 8
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group",
-                     eps: float = 1e-4,
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
+                     eps: float,
                      all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Group-relative advantages: each reward minus the mean of its prompt's group, scaled.
 
@@ -127,7 +128,7 @@ def _global_std(values: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-        gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        gae_gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the completion tokens of each row.
 
     Only positions where ``mask`` is True are time steps. Walking backwards over each row,
@@ -147,7 +148,7 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     Units: reward units.
 
     Raises:
-        ObjectiveError: shapes differ or not 2-D; mask not bool; gamma or lam outside [0, 1].
+        ObjectiveError: shapes differ or not 2-D; mask not bool; gae_gamma or gae_lambda outside [0, 1].
 
     Source: Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
     Advantage Estimation", eqs. 11-16 (delta_t^V and A^GAE(gamma, lambda) = sum_l
@@ -156,8 +157,8 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     check_ndim("token_rewards", token_rewards, 2, "(B, T)")
     check_same_shape("token_rewards", token_rewards, "values", values)
     check_mask(mask, token_rewards, "token_rewards")
-    gamma = check_number("gamma", gamma, low=0.0, high=1.0)
-    lam = check_number("lam", lam, low=0.0, high=1.0)
+    gamma = check_number("gae_gamma", gae_gamma, low=0.0, high=1.0)
+    lam = check_number("gae_lambda", gae_lambda, low=0.0, high=1.0)
 
     with torch.no_grad():
         dtype = torch.promote_types(token_rewards.dtype, values.dtype)
@@ -175,3 +176,30 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
             next_adv = torch.where(valid, adv_t, next_adv)
         returns = torch.where(mask, advantages + values_, torch.zeros_like(advantages))
     return advantages, returns
+
+
+def add_sequence_reward(token_rewards: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Put each sequence's reward on its LAST counted completion token (:func:`last_token_index`).
+
+    ``out[b, t] = token_rewards[b, t] + rewards[b]`` at t = the last position where ``mask[b]`` is True,
+    ``token_rewards[b, t]`` elsewhere. Works for any mask (right padding is the usual layout); a row with no
+    counted token gets nothing (its reward has no token to land on).
+
+    Shape: token_rewards (B, T) float, rewards (B,), mask (B, T) bool -> (B, T) in token_rewards' dtype;
+    B = sequences, T = completion token positions.
+    Units: reward units.
+
+    Raises:
+        ObjectiveError: shapes disagree, or mask is not bool.
+
+    Source: Ziegler et al. 2019, sec. 2.2 (the reward r(x, y) of the whole completion, the KL penalty per
+    token); Ouyang et al. 2022, eq. 2.
+    """
+    if token_rewards.dim() != 2 or mask.shape != token_rewards.shape or rewards.shape != token_rewards.shape[:1]:
+        raise ObjectiveError(f"add_sequence_reward: token_rewards {tuple(token_rewards.shape)} must be (B, T), "
+                             f"mask {tuple(mask.shape)} (B, T) and rewards {tuple(rewards.shape)} (B,)")
+    last = last_token_index(mask)
+    rows = (last >= 0).nonzero()[:, 0]
+    out = token_rewards.clone()
+    out[rows, last[rows]] += rewards[rows].to(out.dtype)
+    return out

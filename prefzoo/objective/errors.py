@@ -1,6 +1,6 @@
 """The one error type of the objective layer, and the small input checks that raise it.
 
-Every check below raises :class:`ObjectiveError` (a ``ValueError``) with a message that says
+Every check below raises :class:`ObjectiveError` (a ``PrefzooError`` and a ``ValueError``) with a message that says
 what was wrong and how to fix it. The checks are cheap (shape/dtype comparisons); the few that
 look at tensor values (e.g. "no NaN") say so in the docstring of the function that uses them.
 """
@@ -12,11 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
+from prefzoo.errors import PrefzooError
 
-class ObjectiveError(ValueError):
+
+class ObjectiveError(PrefzooError, ValueError):
     """Bad input to a function of ``prefzoo.objective``.
 
-    Subclasses ``ValueError`` so callers that already catch ``ValueError`` keep working.
+    A :class:`~prefzoo.errors.PrefzooError` (the CLI prints it as one line) and a ``ValueError``, so callers
+    that already catch ``ValueError`` keep working.
     The message names the argument, what it was, and what is expected.
 
     Source: project convention (DESIGN.md, "Conventions": typed errors that say how to fix).

@@ -73,6 +73,7 @@ __all__ = [
     "kl_penalty_rewards",
     "kl_loss",
     "categorical_kl",
+    "sequence_kl",
 ]
 
 ESTIMATORS = ("k1", "k2", "k3")
@@ -232,3 +233,36 @@ def categorical_kl(
     p = log_p.exp()
     terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))
     return terms.sum(dim=dim)
+
+
+def sequence_kl(
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    mask: torch.Tensor,
+    estimator: str = "k1",
+) -> torch.Tensor:
+    """Per-sequence estimate of KL(pi || pi_ref): the token estimates k(rho_t) summed over each row's
+    counted tokens, for completions sampled from pi. DETACHED (a measurement, not a loss).
+
+        kl[b] = sum_{t: mask[b, t]} k(logps[b, t] - ref_logps[b, t])
+
+    By the chain rule of KL over tokens, with k1 or k3 this is an unbiased estimate of the sequence-level
+    KL(pi(.|x) || pi_ref(.|x)) when the rows are samples of pi (Schulman 2020). Masked positions contribute
+    exactly 0 whatever they hold.
+
+    Shape: logps (B, T), ref_logps (B, T), mask (B, T) bool -> (B,); B = sequences, T = completion positions.
+    Units: nats per sequence.
+
+    Raises:
+        ObjectiveError: shape mismatch (both shapes named); mask not bool; unknown estimator (valid ones listed).
+
+    Source: Schulman 2020, "Approximating KL Divergence"; the per-sequence KL of Ziegler et al. 2019 (the
+    quantity the adaptive controller targets) and of Gao et al. 2023 (d = sqrt(KL)).
+    """
+    check_same_shape("logps", logps, "ref_logps", ref_logps)
+    check_mask(mask, logps, "logps")
+    check_choice("estimator", estimator, ESTIMATORS)
+    with torch.no_grad():
+        log_ratio = torch.where(mask, logps.float() - ref_logps.float(), torch.zeros((), device=logps.device))
+        k = kl_estimate(log_ratio, estimator)
+        return torch.where(mask, k, torch.zeros_like(k)).sum(dim=-1)

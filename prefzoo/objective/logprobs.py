@@ -35,6 +35,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "last_token_index",
 ]
 
 
@@ -339,3 +340,25 @@ def masked_whiten(
     if not shift_mean:
         out = torch.where(mask, out + mean, torch.zeros_like(out))
     return out.to(values.dtype)
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """The position of each row's LAST counted token (the rightmost True of ``mask``), whatever the padding side.
+
+    ``index[b] = max{t : mask[b, t]}``, or -1 for a row with no counted token. Right padding (completions)
+    gives ``mask[b].sum() - 1``; left padding (prompts) gives T - 1; holes are allowed.
+
+    Shape: mask (B, T) bool -> (B,) long; B = rows, T = token positions.
+    Units: token positions.
+
+    Raises:
+        ObjectiveError: mask not a (B, T) bool tensor.
+
+    Source: definition (where a sequence-level reward lands: Ziegler et al. 2019, sec. 2.2; where a reward
+    model reads its scalar head: Ouyang et al. 2022, sec. 3.5).
+    """
+    check_ndim("mask", mask, 2, "(B, T)")
+    if mask.dtype != torch.bool:
+        raise ObjectiveError(f"mask must be bool (True = counts), got dtype {mask.dtype}; convert it with mask.bool()")
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    return torch.where(mask, positions, torch.full_like(positions, -1)).amax(dim=-1)

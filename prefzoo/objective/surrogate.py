@@ -11,7 +11,7 @@ import torch
 
 from .errors import ObjectiveError, check_mask, check_ndim, check_number, check_same_shape
 
-__all__ = ["clipped_surrogate_loss", "clipped_value_loss"]
+__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "explained_variance", "ratio_statistics"]
 
 
 def clipped_surrogate_loss(
@@ -19,20 +19,20 @@ def clipped_surrogate_loss(
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    epsilon_low: float = 0.2,
-    epsilon_high: float | None = None,
+    clip_eps_low: float,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO clipped surrogate loss, with an optional higher upper clip (clip-higher).
 
         ratio     = exp(logps - old_logps)                 (old_logps is detached)
-        objective = min(ratio * A, clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * A)
+        objective = min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
         loss      = -objective, 0 at masked positions
 
     ``clipped`` is True where the clipped term is strictly smaller than the unclipped one, so
-    the min picks it: there the token's gradient is exactly 0 (ratio > 1 + epsilon_high with
-    A > 0, or ratio < 1 - epsilon_low with A < 0). Elsewhere the gradient is that of
-    -ratio * A. ``epsilon_high=None`` means the symmetric clip of PPO (epsilon_high =
-    epsilon_low). With logps == old_logps (first epoch) ratio is exactly 1 and loss = -A.
+    the min picks it: there the token's gradient is exactly 0 (ratio > 1 + clip_eps_high with
+    A > 0, or ratio < 1 - clip_eps_low with A < 0). Elsewhere the gradient is that of
+    -ratio * A. ``clip_eps_high=None`` means the symmetric clip of PPO (clip_eps_high =
+    clip_eps_low). With logps == old_logps (first epoch) ratio is exactly 1 and loss = -A.
 
     Shape: logps (B, T), old_logps (B, T), advantages (B,) (broadcast over T) or (B, T),
     mask (B, T) bool -> (per_token_loss (B, T), clipped (B, T) bool); B = sequences,
@@ -40,18 +40,18 @@ def clipped_surrogate_loss(
     Units: advantage units per token.
 
     Raises:
-        ObjectiveError: shape mismatch (both shapes named); mask not bool; epsilon_low not in
-            [0, 1); epsilon_high < 0.
+        ObjectiveError: shape mismatch (both shapes named); mask not bool; clip_eps_low not in
+            [0, 1); clip_eps_high < 0.
 
     Source: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7 (L^CLIP);
-    Yu et al. 2025, "DAPO", sec. 3.1 (Clip-Higher: decoupled epsilon_low, epsilon_high).
+    Yu et al. 2025, "DAPO", sec. 3.1 (Clip-Higher: decoupled clip_eps_low, clip_eps_high).
     """
     check_ndim("logps", logps, 2, "(B, T)")
     check_same_shape("logps", logps, "old_logps", old_logps)
     check_mask(mask, logps, "logps")
-    epsilon_low = check_number("epsilon_low", epsilon_low, low=0.0, high=1.0, strict_high=True)
-    epsilon_high = (epsilon_low if epsilon_high is None
-                    else check_number("epsilon_high", epsilon_high, low=0.0))
+    clip_eps_low = check_number("clip_eps_low", clip_eps_low, low=0.0, high=1.0, strict_high=True)
+    clip_eps_high = (clip_eps_low if clip_eps_high is None
+                    else check_number("clip_eps_high", clip_eps_high, low=0.0))
     if advantages.dim() == 1 and advantages.shape[0] == logps.shape[0]:
         advantages = advantages[:, None]
     elif advantages.shape != logps.shape:
@@ -63,7 +63,7 @@ def clipped_surrogate_loss(
 
     ratio = torch.exp(logps - old_logps.detach())
     unclipped = ratio * advantages
-    clipped_obj = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high).detach() * advantages
+    clipped_obj = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high).detach() * advantages
     clipped = clipped_obj < unclipped
     objective = torch.where(clipped, clipped_obj, unclipped)
     loss = torch.where(mask, -objective, torch.zeros_like(objective))
@@ -75,11 +75,11 @@ def clipped_value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    clip_range: float = 0.2,
+    value_clip_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped value loss of PPO2.
 
-        v_clipped = old_values + clip(values - old_values, -clip_range, clip_range)
+        v_clipped = old_values + clip(values - old_values, -value_clip_eps, value_clip_eps)
         loss      = 0.5 * max((values - returns)^2, (v_clipped - returns)^2), 0 where masked
 
     ``clipped`` is True where the clipped branch is strictly larger (the max picks it); the
@@ -90,7 +90,7 @@ def clipped_value_loss(
     Units: squared reward units.
 
     Raises:
-        ObjectiveError: shape mismatch (both shapes named); mask not bool; clip_range < 0.
+        ObjectiveError: shape mismatch (both shapes named); mask not bool; value_clip_eps < 0.
 
     Source: OpenAI Baselines PPO2 (Dhariwal et al. 2017) value clipping, as described in
     Huang et al. 2022, "The 37 Implementation Details of PPO", detail "Value Function Loss
@@ -100,11 +100,72 @@ def clipped_value_loss(
     check_same_shape("values", values, "old_values", old_values)
     check_same_shape("values", values, "returns", returns)
     check_mask(mask, values, "values")
-    clip_range = check_number("clip_range", clip_range, low=0.0)
+    value_clip_eps = check_number("value_clip_eps", value_clip_eps, low=0.0)
     old_values, returns = old_values.detach(), returns.detach()
-    v_clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    v_clipped = old_values + (values - old_values).clamp(-value_clip_eps, value_clip_eps)
     loss_unclipped = (values - returns) ** 2
     loss_clipped = (v_clipped - returns) ** 2
     clipped = loss_clipped > loss_unclipped
     loss = 0.5 * torch.where(clipped, loss_clipped, loss_unclipped)
     return torch.where(mask, loss, torch.zeros_like(loss)), clipped & mask
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """How much of the returns' variance the value function explains: 1 - Var[R - V] / Var[R] over the True
+    positions (NaN when Var[R] = 0: nothing to explain).
+
+    1 is a perfect value function, 0 one no better than a constant, < 0 worse than a constant.
+
+    Shape: values (B, T), returns (B, T), mask (B, T) bool -> a Python float; B = sequences, T = positions.
+    Units: dimensionless.
+
+    Raises:
+        ObjectiveError: shapes differ; mask not bool; no True position.
+
+    Source: the diagnostic of OpenAI Baselines' PPO2 (``explained_variance``), standard in PPO implementations.
+    """
+    from .logprobs import masked_var
+
+    check_same_shape("values", values, "returns", returns)
+    var_returns = float(masked_var(returns, mask))
+    if var_returns == 0:
+        return float("nan")
+    return 1.0 - float(masked_var(returns - values, mask)) / var_returns
+
+
+def ratio_statistics(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, clipped: torch.Tensor
+                     ) -> dict[str, tuple[float, float]]:
+    """The clip and drift statistics of a policy update, as (sum over tokens, token count) pairs.
+
+    With is_log_ratio_t = logps_t - old_logps_t on the counted tokens of a rollout sampled from pi_old:
+
+        clip_fraction  share of tokens where the clipped surrogate was active (``clipped``)
+        ratio_mean     mean importance ratio exp(is_log_ratio) (1 on the first pass)
+        approx_kl      mean k3 estimate of KL(pi_old || pi_theta) per token, from samples of pi_old:
+                       k3(rho) with rho = old_logps - logps (Schulman 2020)
+
+    The pairs are summed over micro-batches and processes and divided once, so the logged value is the
+    token mean of the whole batch whatever the micro-batch size or process count. DETACHED.
+
+    Shape: logps, old_logps (B, T) float, mask, clipped (B, T) bool -> {name: (sum, count)}.
+    Units: dimensionless (fractions, ratios); approx_kl in nats per token.
+
+    Raises:
+        ObjectiveError: shapes differ; masks not bool.
+
+    Source: Schulman 2020 ("Approximating KL Divergence", k3); the PPO diagnostics of Schulman et al. 2017.
+    """
+    from .kl import kl_estimate
+    from .logprobs import masked_sum
+
+    check_same_shape("logps", logps, "old_logps", old_logps)
+    check_mask(mask, logps, "logps")
+    check_mask(clipped, logps, "logps")
+    with torch.no_grad():
+        is_log_ratio = (logps - old_logps).float()
+        count = float(mask.sum())
+        return {
+            "clip_fraction": (float((clipped & mask).sum()), count),
+            "ratio_mean": (float(masked_sum(is_log_ratio.exp(), mask)), count),
+            "approx_kl": (float(masked_sum(kl_estimate(-is_log_ratio, "k3"), mask)), count),
+        }

@@ -3,7 +3,7 @@
 The folder holds what :meth:`prefzoo.algos.rm.RewardModelling.save` wrote (``value_model.json``, the head
 ``value_head.safetensors`` and the LoRA adapter, see :mod:`prefzoo.models.value`). The reward of a completion
 is the Bradley-Terry score r(x, y) of the model: the scalar head at the state after the completion's last
-token (:func:`prefzoo.algos.rm.sequence_rewards`).
+token (:func:`prefzoo.types.sequence_rewards`).
 
 Text in, floats out, like every reward function: the prompt text (as the policy saw it, chat template
 applied) and the completion text are tokenised the way the reward model's training pairs were
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from prefzoo.algos.base import SequenceBatch
+from prefzoo.types import SequenceBatch
 from prefzoo.errors import ConfigError
 
 __all__ = ["RewardModelFunction", "reward_model_function", "find_reward_model", "reward_model_data"]
@@ -78,7 +78,7 @@ class RewardModelFunction:
 
     @torch.no_grad()
     def __call__(self, prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-        from prefzoo.algos.rm import sequence_rewards
+        from prefzoo.types import sequence_rewards
 
         out: list[float] = []
         for start in range(0, len(completions), self.batch_size):

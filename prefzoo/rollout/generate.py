@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from prefzoo.algos.base import PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
 
 
 def position_ids_from_mask(mask: Tensor) -> Tensor:

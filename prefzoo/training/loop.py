@@ -4,7 +4,7 @@ One training step:
 
 1. take the next batch — preference pairs (offline algorithms) or prompts, which the plugin turns into
    an experience batch by sampling, scoring and computing advantages (online algorithms);
-2. for each of ``algo.epochs`` passes, split the batch into ``algo.num_minibatches`` mini-batches; each
+2. for each of the declared ``epochs`` passes, split the batch into ``num_minibatches`` mini-batches; each
    mini-batch is one optimizer step (AdamW, gradient clipping, linear warm-up and decay), its gradient
    accumulated over micro-batches of ``trainer.micro_batch_size`` rows;
 3. log the metrics (``metrics.jsonl``, TensorBoard, progress bar), checkpoint every ``save_every``
@@ -13,7 +13,7 @@ One training step:
 Around the steps: the shared evaluation (:class:`~prefzoo.evaluation.evaluate.Evaluator`) before training, every
 ``eval.every`` steps (and every ``trainer.early_stopping.every`` steps with early stopping on
 ``trainer.early_stopping.metric``, best weights in ``best/``), and after training -- also when there was no step
-(``trainer.max_steps=0``, or a plugin that trains nothing, ``trains = False``: best-of-n), which measures the
+(``trainer.max_steps=0``, or a plugin that declares ``trains=False``: best-of-n), which measures the
 starting policy. The plugin chooses the policy evaluated (``Algorithm.evaluation_policy``: best-of-n's own
 sampling procedure). ``objective.kl_budget`` stops the run once the latest KL(pi || pi_ref) measurement -- the
 step's rollouts (metric ``kl``, online algorithms) or else the last held-out evaluation -- reaches it (nats per
@@ -54,9 +54,10 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from prefzoo.algos import get_algorithm
-from prefzoo.algos.base import ROLLOUT_SEED_COLUMN, Algorithm, Batch, SamplingParams
-from prefzoo.config import Config, resolve_objective
+from prefzoo.algos import algorithm_class
+from prefzoo.algos.base import Algorithm, Declaration
+from prefzoo.types import ROLLOUT_SEED_COLUMN, Batch, SamplingParams
+from prefzoo.config import Config, resolve_defaults, resolve_objective
 from prefzoo.data.preference import collate_preferences
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.models.loading import load_tokenizer
@@ -67,12 +68,24 @@ from prefzoo.training.distributed import DataParallel, TrainableModules, setup_d
 from prefzoo.training.metrics_log import MetricsLog
 from prefzoo.training.sampler import IndexSampler
 from prefzoo.training.sharding import minibatch_rows, reduce_metrics, rollout_seeds, shard_range
-from prefzoo.training.step import accumulate_gradients  # noqa: F401  (re-exported: it lives in step.py)
+from prefzoo.training.step import accumulate_gradients, mean_metrics
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, correctness_function,
                                     heldout_pair_prompts, pick_device, preference_data, task_prompts)
 
 log = logging.getLogger(__name__)
+
+
+def global_pairs(per_process: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Add each metric's (sum, count) over processes. ``loss`` is a sum of shares (each process reports its share
+    of the global loss per optimizer step): its sums add up, its count (optimizer steps) is one process's."""
+    out: dict[str, list[float]] = {}
+    for pairs in per_process:
+        for k, (v, c) in pairs.items():
+            acc = out.setdefault(k, [0.0, 0.0])
+            acc[0] += v
+            acc[1] = c if k == "loss" else acc[1] + c
+    return out
 
 
 def seed_everything(seed: int) -> None:
@@ -108,29 +121,33 @@ class Trainer:
         seed_everything(t.seed)
         self.dp = dp if dp is not None else setup_data_parallel(cfg, pick_device(t.device))
         self.device = self.dp.device or pick_device(t.device)
-        algo_cls = get_algorithm(cfg.algo.name)
+        resolve_defaults(cfg)
+        algo_cls = algorithm_class(cfg.algo)
         self.objective = resolve_objective(cfg)
-        self.algo: Algorithm = algo_cls(cfg.algo, self.objective)
+        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                       max_new_tokens=cfg.rollout.max_new_tokens)
+        self.algo: Algorithm = algo_cls(cfg.algo, self.objective, self.sampling)
+        self.needs: Declaration = self.algo.declaration
         self.tokenizer = load_tokenizer(cfg.model.name)
         self.reward_fn = build_reward(cfg)
         self.train_prompts, self.eval_prompts = (task_prompts(cfg, self.tokenizer)
-                                                 if self.algo.online or cfg.data.path is None else (None, None))
+                                                 if self.needs.online or cfg.data.path is None else (None, None))
         if self.eval_prompts is None and cfg.data.path:  # a preference file: evaluate on its held-out pairs' prompts
             self.eval_prompts = heldout_pair_prompts(cfg, self.tokenizer)
         self.prefs = None
         self.data_stats: dict = {}
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
-            if not self.algo.online:
+            if not self.needs.online:
                 self.prefs, self.data_stats = preference_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
                                                               self.eval_prompts, self.device)
-            built = build_policy(cfg, self.algo, self.tokenizer, self.device)
+            built = build_policy(cfg, self.needs, self.tokenizer, self.device)
         self.policy, self.model, self.load_seconds = built.policy, built.model, built.load_seconds
         if self.dp.rank > 0:  # the model is built alike everywhere; from here on (dropout) each process draws its own
             seed_everything(t.seed + 1_000_003 * self.dp.rank)
         self.algo.all_reduce = self.dp.all_reduce_sum if self.dp.enabled else None
         n_rows = len(self.prefs.train) if self.prefs is not None else len(self.train_prompts)
         self.sampler = IndexSampler(n_rows, t.batch_size, t.seed)
-        self.ref_cache = self.precompute_reference() if getattr(cfg.algo, "precompute_ref_logps", False) else None
+        self.ref_cache = self.precompute_reference() if self.needs.has("precomputed_reference") else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.policy.value_model is not None:
             self.params += [p for p in self.policy.value_model.parameters() if p.requires_grad
@@ -140,18 +157,24 @@ class Trainer:
         if self.dp.enabled:
             self.train_module = self.dp.wrap(TrainableModules(self.model, self.policy.value_model))
             self.policy.train_forward = self.train_module
-        self.max_steps = t.max_steps if self.algo.trains else 0  # best-of-n: no training steps
-        self.optimizer_steps = self.max_steps * self.algo.epochs * self.algo.num_minibatches
+        self.max_steps = t.max_steps if self.needs.trains else 0  # best-of-n: no training steps
+        rows = t.batch_size * max(1, self.needs.num_samples)
+        if self.needs.num_minibatches > rows:
+            from prefzoo.errors import ConfigError
+
+            raise ConfigError(f"algo.num_minibatches={self.needs.num_minibatches} exceeds the {rows} rows of a step "
+                              "(trainer.batch_size x algo.num_samples); lower it or raise trainer.batch_size.")
+        self.optimizer_steps = self.max_steps * self.needs.epochs * self.needs.num_minibatches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, self.optimizer_steps))
-        self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.algo.online else None
-        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                       max_new_tokens=cfg.rollout.max_new_tokens)
+        self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.needs.reward else None
         self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer), self.reward_fn,
                                    self.eval_prompts, cfg.eval,
                                    correctness_fn=correctness_function(cfg, self.eval_prompts),
-                                   preference_examples=self.prefs.eval if self.prefs else None, algo=self.algo,
-                                   group_size=getattr(self.algo.cfg, "num_generations", 0), seed=t.seed,
+                                   preference_examples=self.prefs.eval if self.prefs else None,
+                                   implicit_rewards=(self.algo.implicit_rewards if self.needs.has("implicit_rewards")
+                                                     else None),
+                                   group_size=self.needs.num_samples, seed=t.seed,
                                    progress=t.progress, gold_reward_fn=build_gold_reward(cfg))
         self.metrics_log = MetricsLog(self.run_dir, tensorboard=t.tensorboard, enabled=self.dp.is_main)
         self.step = 0
@@ -168,16 +191,16 @@ class Trainer:
         idx = self.sampler.next()
         start, stop = shard_range(len(idx), self.dp.rank, self.dp.world_size)
         idx = idx[start:stop]
-        if self.algo.online:
+        if self.needs.online:
             prompts = self.train_prompts.batch(idx, self.policy.pad_id).to(self.device)
             prompts.columns[ROLLOUT_SEED_COLUMN] = rollout_seeds(self.cfg.trainer.seed, self.step, range(start, stop))
-            return self.algo.make_experience(self.policy, prompts, self.scorer, self.sampling)
+            return self.algo.make_experience(self.policy, prompts, self.scorer)
         examples = [self.prefs.train[i] for i in idx]
         return collate_preferences(examples, idx, self.policy.pad_id, self.ref_cache).to(self.device), {}
 
     @torch.no_grad()
     def precompute_reference(self) -> dict[int, tuple[float, float]]:
-        """Summed reference log-probs of every training pair, computed once (``algo.precompute_ref_logps``)."""
+        """Summed reference log-probs of every training pair, computed once (capability ``precomputed_reference``)."""
         cache: dict[int, tuple[float, float]] = {}
         size = self.cfg.trainer.micro_batch_size
         mine = list(range(self.dp.rank, len(self.prefs.train), self.dp.world_size))  # every process computes a share
@@ -206,38 +229,42 @@ class Trainer:
         t1 = time.perf_counter()
         n = len(batch)
         offset, n_global = self.row_layout(n)
-        per_mb = math.ceil(n_global / self.algo.num_minibatches)
+        epochs, num_minibatches = self.needs.epochs, self.needs.num_minibatches
+        per_mb = math.ceil(n_global / num_minibatches)
         dp = self.dp
         parallel = {} if not dp.enabled else {
             "all_reduce": dp.all_reduce_sum, "loss_scale": float(dp.world_size), "placeholder": batch.select([0]),
             "no_sync": lambda: dp.no_sync(self.train_module)}
-        step_metrics: dict[str, list[float]] = defaultdict(list)
-        for _ in range(self.algo.epochs):
+        pairs: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (sum, count) over every optimizer step
+        per_update: dict[str, list[float]] = defaultdict(list)  # grad_norm, lr: one value per optimizer step
+        for _ in range(epochs):
             order = list(range(n_global))
-            if self.algo.num_minibatches > 1:  # one permutation of the GLOBAL rows (process 0's)
+            if num_minibatches > 1:  # one permutation of the GLOBAL rows (process 0's)
                 order = dp.broadcast_object(torch.randperm(n_global).tolist())
             for start in range(0, n_global, per_mb):
                 mb = batch.select(minibatch_rows(order[start:start + per_mb], offset, n))
                 self.optimizer.zero_grad(set_to_none=True)
                 m = accumulate_gradients(self.algo, self.policy, mb, self.cfg.trainer.micro_batch_size, **parallel)
                 clip = self.cfg.trainer.max_grad_norm
-                m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf")))
-                m["lr"] = self.scheduler.get_last_lr()[0]
+                per_update["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(self.params,
+                                                                                     clip if clip else float("inf"))))
+                per_update["lr"].append(self.scheduler.get_last_lr()[0])
                 self.optimizer.step()
                 self.scheduler.step()
-                for k, v in m.items():
-                    step_metrics[k].append(v)
+                for k, (v, c) in m.items():
+                    pairs[k][0] += v
+                    pairs[k][1] += c
         t2 = time.perf_counter()
-        out = {k: float(np.mean(v)) for k, v in step_metrics.items()}
-        out.update(metrics)
+        out = dict(metrics)  # the rollout's (per-row means over this process's rows)
         if self.scorer is not None:
             out.update(self.scorer.last_metrics)
-        tokens = getattr(batch, "num_tokens", None)
-        tokens = tokens() if callable(tokens) else n
         out.update({"time/step": t2 - t0, "time/update": t2 - t1, "time/experience": t1 - t0,
-                    "tokens_per_second": tokens * self.algo.epochs / max(t2 - t1, 1e-9)})
+                    "tokens_per_second": batch.num_tokens() * epochs / max(t2 - t1, 1e-9)})
         if dp.enabled:  # global metrics (the same on every process, so after_step adapts beta alike everywhere)
             out = reduce_metrics(dp.gather_objects((n, out)))
+            pairs = global_pairs(dp.gather_objects(dict(pairs)))
+        out.update(mean_metrics(pairs))  # per-token metrics: token means of the global batch (sums / counts)
+        out.update({k: float(np.mean(v)) for k, v in per_update.items()})
         out.update(self.algo.after_step(out, n_global))
         out["beta"] = self.algo.beta
         return out
@@ -335,13 +362,13 @@ class Trainer:
         """
         from prefzoo.errors import ConfigError
 
-        if self.cfg.objective.kl_budget is None or not self.algo.trains:
+        if self.cfg.objective.kl_budget is None or not self.needs.trains:
             return
         if self.policy.reference is None:
             raise ConfigError(f"objective.kl_budget is set, but this run has no reference to measure KL against "
                               f"(algo={self.cfg.algo.name} without LoRA loads none); use LoRA or drop the budget.")
         periodic = self.cfg.eval.every or self.cfg.trainer.early_stopping.metric
-        if not self.algo.online and not periodic:
+        if not self.needs.online and not periodic:
             raise ConfigError(f"objective.kl_budget: algo={self.cfg.algo.name} measures no KL while it trains (it "
                               "samples nothing); set eval.every=N to measure KL(pi || pi_ref) on held-out samples every "
                               "N steps, which the budget then uses.")
@@ -360,7 +387,7 @@ class Trainer:
         bar = tqdm(total=self.max_steps, initial=self.step, desc=f"{cfg.algo.name}",
                    disable=not (t.progress and main), dynamic_ncols=True)
         last: dict = {}
-        stop_reason = "max_steps" if self.algo.trains else "no_training"
+        stop_reason = "max_steps" if self.needs.trains else "no_training"
         budget = cfg.objective.kl_budget
         while self.step < self.max_steps:
             last = self.train_step()
@@ -375,7 +402,7 @@ class Trainer:
             if self.step % t.log_every == 0 or self.step == self.max_steps or stop:
                 self.metrics_log.log(self.step, last)
             bar.update(1)
-            bar.set_postfix({k: f"{last[k]:.3g}" for k in self.algo.progress_keys if k in last})
+            bar.set_postfix({k: f"{last[k]:.3g}" for k in self.needs.progress_keys if k in last})
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
             if budget is not None and self.kl_spent is not None and self.kl_spent >= budget:
@@ -390,8 +417,8 @@ class Trainer:
         summary = None
         if main:
             weights = save_weights(self.model, self.run_dir)
-            if hasattr(self.algo, "save"):  # a plugin that leaves a model of its own (algo=rm: the reward model)
-                self.algo.save(self.run_dir, self.policy)
+            if self.needs.has("saves_artifacts"):  # a model of the plugin's own (algo=rm: the reward model)
+                self.algo.save_artifacts(self.run_dir, self.policy)
             after = None
             if cfg.eval.after:  # also with no training step: a max_steps=0 run measures its starting policy
                 after = self.evaluate("after")
@@ -438,7 +465,7 @@ def results_block(after: dict | None, last: dict, trainer, stop_reason: str, sec
         "kl": a.get("kl_k1"), "kl_se": a.get("kl_k1_se"), "kl_k3": a.get("kl_k3"), "kl_method": a.get("kl_method"),
         "entropy": a.get("entropy"), "distinct_1": a.get("distinct_1"), "distinct_2": a.get("distinct_2"),
         "completion_length": a.get("completion_length"),
-        "train_reward": last.get("reward", last.get("score")), "train_kl": last.get("kl"),
+        "train_reward": last.get("reward"), "train_kl": last.get("kl"),
         "kl_spent": trainer.kl_spent, "steps": trainer.step, "stop_reason": stop_reason,
         "wall_seconds": round(seconds, 1), "train_seconds": round(trainer.train_seconds, 1),
         "eval_seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from prefzoo.algos.base import ROLLOUT_SEED_COLUMN, PromptBatch, SequenceBatch
+from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SequenceBatch
 
 
 class TextScorer:

@@ -2,7 +2,7 @@
 
 Each part is built only if the algorithm needs it: no reference copy when the plugin declares none
 (with LoRA the adapter-disabled model still serves drift metrics for free), no value head unless
-``needs_value_head``, no preference pairs for online algorithms.
+a value head only when it declares one, no preference pairs for online algorithms.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from prefzoo.algos.base import Algorithm
+from prefzoo.algos.base import Declaration
 from prefzoo.config import Config
 from prefzoo.data.pairs import build_or_load_pairs
 from prefzoo.data.preference import PreferenceData, load_table, tokenize_preferences
@@ -113,8 +113,8 @@ class Built:
     load_seconds: float
 
 
-def build_policy(cfg: Config, algo: Algorithm, tokenizer, device: torch.device) -> Built:
-    """The trainable policy with the reference (and value head) the algorithm needs."""
+def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.device) -> Built:
+    """The trainable policy with the reference (and value head) the algorithm declares it needs."""
     start = time.perf_counter()
     m = cfg.model
     model = build_base_model(cfg, tokenizer, device)
@@ -122,7 +122,7 @@ def build_policy(cfg: Config, algo: Algorithm, tokenizer, device: torch.device) 
                            gradient_checkpointing=m.gradient_checkpointing)
     model.train()
     reference = None
-    if algo.needs_reference:
+    if needs.reference:
         reference = make_reference(model, lora_enabled=m.lora.enabled, adapter_loaded=bool(m.adapter_path), mode=m.reference)
     elif m.lora.enabled and not m.adapter_path and m.reference != "copy":
         try:  # free: the adapter-disabled model, for drift metrics only
@@ -130,10 +130,10 @@ def build_policy(cfg: Config, algo: Algorithm, tokenizer, device: torch.device) 
         except ConfigError:
             reference = None
     value_model = None
-    if algo.needs_value_head:
+    if needs.value_head is not None:
         from prefzoo.models.value import build_value_model
 
-        value_model = build_value_model(cfg, model, device)
+        value_model = build_value_model(cfg, needs.value_head, model, device)
     gen = torch.Generator(device=device).manual_seed(cfg.trainer.seed)
     fast = m.fast
     copies = [model] + ([reference.module] if reference is not None and reference.module is not model else [])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from prefzoo.algos.base import ObjectiveSettings, SamplingParams
+from prefzoo.types import ObjectiveSettings, SamplingParams
 from prefzoo.algos.bon import BestOfN, BestOfNPolicy, BoNConfig
 from prefzoo.conformance import best_of_n_policy, conformance_bandit
 from prefzoo.objective import ObjectiveError, best_of_n_indices, best_of_n_kl
@@ -112,7 +112,7 @@ def test_empirical_distribution_matches_the_analytic_best_of_n():
     the exact best-of-4 distribution (ties shared in proportion to pi_ref: prompt 2 has a tie)."""
     bandit = conformance_bandit()
     algo = BestOfN(BoNConfig(n=4), ObjectiveSettings(beta=0.0))
-    assert not algo.trains and algo.online and not algo.needs_reference
+    assert not algo.declaration.trains and algo.declaration.online and not algo.declaration.reference
     bon = algo.evaluation_policy(TabularPolicy(bandit.ref_logits, seed=0), TableScorer(bandit.rewards))
     draws = 40000
     rows = torch.arange(bandit.num_prompts).repeat_interleave(draws)

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefzoo.algos.base import ObjectiveSettings, SequenceBatch
-from prefzoo.algos.dpo import DPO, DPOConfig, preference_loss
+from prefzoo.types import ObjectiveSettings, SequenceBatch
+from prefzoo.algos.dpo import DPO, DPOConfig
+from prefzoo.objective import ObjectiveError, pairwise_loss
 from prefzoo.data.preference import PreferenceBatch, PreferenceExample, collate_preferences
 from prefzoo.models.lora import wrap_trainable
 from prefzoo.models.policy import CausalLMPolicy
@@ -78,8 +79,10 @@ def pairs(prompts=((5, 6), (7,))) -> PreferenceBatch:
     return collate_preferences(examples, [0, 1], pad_id=0)
 
 
-def dpo(loss_type="sigmoid", label_smoothing=0.0, beta=0.1, divergence="reverse_kl", alpha=0.5) -> DPO:
-    return DPO(DPOConfig(loss_type=loss_type, label_smoothing=label_smoothing),
+def dpo(loss_type="sigmoid", label_smoothing=0.0, beta=0.1, divergence="reverse_kl", alpha=0.5,
+        ipo_average_log_ratio=True) -> DPO:
+    return DPO(DPOConfig(loss_type=loss_type, label_smoothing=label_smoothing,
+                         ipo_average_log_ratio=ipo_average_log_ratio),
                ObjectiveSettings(beta=beta, divergence=divergence, alpha=alpha))
 
 
@@ -102,10 +105,49 @@ def test_label_smoothed_loss_hand_values():
     torch.testing.assert_close(losses(dpo("sigmoid", 0.1)), torch.tensor([0.663850, 0.824355]), rtol=0, atol=1e-6)
 
 
-def test_ipo_loss_hand_values():
-    """IPO (Azar et al. 2023, eq. 17) regresses h = rho_w - rho_l to 1/(2 beta) = 5:
-    A: (0.75 - 5)^2 = 18.0625; B: (-3 - 5)^2 = 64."""
-    torch.testing.assert_close(losses(dpo("ipo")), torch.tensor([18.0625, 64.0]), rtol=1e-6, atol=1e-5)
+def test_ipo_loss_on_summed_log_ratios_hand_values():
+    """IPO with eq. 17 read literally on summed log-ratios (``ipo_average_log_ratio=false``) regresses
+    h = rho_w - rho_l to 1/(2 beta) = 5: A: (0.75 - 5)^2 = 18.0625; B: (-3 - 5)^2 = 64."""
+    torch.testing.assert_close(losses(dpo("ipo", ipo_average_log_ratio=False)), torch.tensor([18.0625, 64.0]),
+                               rtol=1e-6, atol=1e-5)
+
+
+def test_ipo_averages_each_sides_log_ratio_over_its_tokens():
+    """The hardening issue's pair (IPO authors' code and TRL average each side's log-ratio before eq. 17):
+    beta 0.1; chosen 4 completion tokens, policy -1.0 and reference -1.5 per token (mean log-ratio 0.5);
+    rejected 2 tokens, policy -2.0 and reference -1.0 per token (mean log-ratio -1.0). h = 0.5 - (-1.0) = 1.5,
+    loss (1.5 - 1/(2*0.1))^2 = (1.5 - 5)^2 = 12.25. At the start (policy = reference) h = 0: loss 25.
+    (Summed, h would be 4 * 0.5 - 2 * (-1.0) = 4: loss 1.0, a target that depends on length.)"""
+    prompt = [7, 8]
+    examples = [PreferenceExample(prompt, [1, 1, 1, 1], [2, 2])]
+    batch = collate_preferences(examples, [0], pad_id=0)
+
+    class PerToken:
+        def __init__(self, chosen, rejected):
+            self.values = (chosen, rejected)
+
+        def __call__(self, both):  # rows: chosen then rejected
+            out = torch.zeros(both.completion_mask.shape)
+            out[0], out[1] = self.values
+            return out.masked_fill(~both.completion_mask, 0.0)
+
+    class Fixed:
+        reference, tractable_logps, analytic_kl = True, True, None
+
+        def __init__(self, pol, ref):
+            self.pol, self.ref = pol, ref
+
+        def logps(self, both, temperature=1.0, with_entropy=False):
+            return self.pol(both).requires_grad_(), None
+
+        def ref_logps(self, both, temperature=1.0):
+            return self.ref(both)
+
+    policy = Fixed(PerToken(-1.0, -2.0), PerToken(-1.5, -1.0))
+    assert float(dpo("ipo").loss(policy, batch).values[0]) == pytest.approx(12.25, abs=1e-5)
+    assert float(dpo("ipo", ipo_average_log_ratio=False).loss(policy, batch).values[0]) == pytest.approx(1.0, abs=1e-5)
+    start = Fixed(PerToken(-1.5, -1.0), PerToken(-1.5, -1.0))
+    assert float(dpo("ipo").loss(start, batch).values[0]) == pytest.approx(25.0, abs=1e-5)
 
 
 def test_hinge_loss_hand_values():
@@ -114,17 +156,17 @@ def test_hinge_loss_hand_values():
     torch.testing.assert_close(losses(dpo("hinge", beta=2.0)), torch.tensor([0.0, 7.0]), rtol=0, atol=1e-6)
 
 
-def test_preference_loss_rejects_unknown_type():
-    with pytest.raises(ValueError, match="sigmoid"):
-        preference_loss(torch.zeros(1), 0.1, "nope")
+def test_pairwise_loss_rejects_unknown_type():
+    with pytest.raises(ObjectiveError, match="sigmoid"):
+        pairwise_loss(torch.zeros(1), "nope", 0.1)
 
 
 def test_metrics_hand_values():
-    """rewards are beta f'(pi/pi_ref) = beta (rho + 1) for reverse KL (the +beta cancels in margins):
-    chosen mean 0.1 * (1.5 + 0) / 2 = 0.075, rejected 0.1 * (0.75 + 3) / 2 = 0.1875, margins (0.075 - 0.3) / 2,
-    accuracy 1/2; logps/chosen (-1.5 - 2) / 2 = -1.75; log_ratio/rejected (-0.25 + 2) / 2 = 0.875."""
+    """rewards/chosen|rejected are beta log(pi/pi_ref), as TRL and the DPO paper log them: chosen log-ratios
+    0.5 and -1.0 (mean -0.25) -> 0.1 * -0.25 = -0.025; rejected -0.25 and 2.0 (mean 0.875) -> 0.0875. Margins
+    (0.075 - 0.3) / 2 = -0.1125, accuracy 1/2; logps/chosen (-1.5 - 2) / 2 = -1.75."""
     m = dpo().loss(TablePolicy(POLICY, REF), pairs()).metrics
-    want = {"rewards/chosen": 0.075, "rewards/rejected": 0.1875, "rewards/margins": -0.1125,
+    want = {"rewards/chosen": -0.025, "rewards/rejected": 0.0875, "rewards/margins": -0.1125,
             "rewards/accuracies": 0.5, "logps/chosen": -1.75, "logps/rejected": -1.625,
             "log_ratio/chosen": -0.25, "log_ratio/rejected": 0.875}
     for k, v in want.items():
@@ -145,8 +187,8 @@ def test_reverse_kl_f_dpo_is_exactly_the_sigmoid_dpo_loss():
     g = torch.Generator().manual_seed(0)
     algo = dpo(beta=0.3)
     pw, pl, rw, rl = (-5 * torch.rand(64, generator=g, dtype=torch.float64) for _ in range(4))
-    cw, cl = algo.rewards(pw, pl, rw, rl)
-    got = preference_loss(cw - cl, algo.beta, "sigmoid")
+    cw, cl = algo.rewards(pw - rw, pl - rl)
+    got = pairwise_loss(cw - cl, "sigmoid", algo.beta)
     want = -F.logsigmoid(0.3 * ((pw - rw) - (pl - rl)))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
@@ -202,7 +244,7 @@ def test_held_out_preference_accuracy_counts_ties_as_half():
             if "lora_B" in n:
                 p.zero_()  # the starting policy
     evaluator = Evaluator(policy, reward_fn=None, prompts=None, cfg=EvalConfig(), preference_examples=real_pairs(),
-                          algo=dpo())
+                          implicit_rewards=dpo().implicit_rewards)
     assert evaluator.preference_metrics()["preference_accuracy"] == 0.5
 
 
@@ -299,3 +341,13 @@ def test_dpo_gradient_matches_central_finite_differences_on_the_tiny_model():
                 p.add_(eps * v)
         numeric = (up - down) / (2 * eps)
         assert numeric == pytest.approx(analytic, rel=2e-3, abs=1e-4)
+
+
+def test_rewards_chosen_is_zero_at_step_zero_for_every_divergence():
+    """Policy = reference: log(pi/pi_ref) = 0 on both sides, so rewards/chosen = beta * 0 = 0 (TRL's meaning), for
+    f-DPO too (its link's value beta f'(1) = beta for reverse KL goes under implicit_rewards/chosen)."""
+    for divergence in ("reverse_kl", "forward_kl", "js"):
+        m = dpo(divergence=divergence).loss(TablePolicy(REF, REF), pairs()).metrics
+        assert m["rewards/chosen"] == 0.0 and m["rewards/rejected"] == 0.0, divergence
+    m = dpo(divergence="forward_kl").loss(TablePolicy(REF, REF), pairs()).metrics
+    assert m["implicit_rewards/chosen"] == pytest.approx(-0.1)  # beta * f'(1) = 0.1 * (-1/1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefzoo.algos.base import ObjectiveSettings, PromptBatch, SamplingParams, SequenceBatch
-from prefzoo.algos.grpo import GRPO, GRPOConfig, GRPOExperience
+from prefzoo.algos.grpo import GRPO, GRPOConfig
+from prefzoo.types import Experience, ObjectiveSettings, PromptBatch, SequenceBatch
 
 
 class TwoTokenPolicy:
@@ -56,57 +56,66 @@ def make(beta=0.0, estimator="k3", placement="as_loss", **cfg):
 PROMPTS = PromptBatch(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool), {})
 
 
+def token_mean(out, key):
+    """A per-token metric of a LossOutput: its (sum, count) pair divided."""
+    total, count = out.token_metrics[key]
+    return total / count
+
+
 def fixed_scores(values):
     return lambda samples, prompts: torch.tensor(values, dtype=torch.float32)
 
 
 def test_advantages_are_group_relative_and_broadcast_per_completion():
     """Group [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3); advantages +-0.5/sqrt(1/3) = +-0.866 (eps aside).
-    Group [0, 0, 0, 0]: all equal -> exactly 0."""
-    algo = make(num_generations=4)
-    exp, m = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 0, 0, 0]), SamplingParams())
+    Group [0, 0, 0, 0]: all equal -> exactly 0. Advantages are per token, (B, T): each row's value on its
+    counted tokens, 0 on padding."""
+    algo = make(num_samples=4)
+    exp, m = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 0, 0, 0]))
     expected = 0.5 / (torch.tensor(1 / 3).sqrt() + 1e-4)
-    assert torch.allclose(exp.advantages[:4], torch.tensor([1, -1, -1, 1]) * expected, atol=1e-6)
-    assert torch.equal(exp.advantages[4:], torch.zeros(4))
+    per_row = (torch.tensor([1, -1, -1, 1]) * expected)[:, None].expand(4, 3)
+    assert exp.advantages.shape == exp.completion_mask.shape
+    assert torch.allclose(exp.advantages[:4], per_row.masked_fill(~exp.completion_mask[:4], 0.0), atol=1e-6)
+    assert torch.equal(exp.advantages[4:], torch.zeros(4, 3))
     assert m["frac_zero_std_groups"] == 0.5
     assert m["reward"] == pytest.approx(0.25)
 
 
 def test_single_iteration_ratio_is_exactly_one_and_loss_is_minus_advantage():
-    algo = make(num_generations=4)
+    algo = make(num_samples=4)
     policy = TwoTokenPolicy()
-    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]))
     assert exp.old_logps is None
     out = algo.loss(policy, exp)
-    assert out.metrics["ratio_mean"] == 1.0
-    expected = (-exp.advantages[:, None]).expand_as(out.values).masked_fill(~exp.completion_mask, 0.0)
+    assert token_mean(out, "ratio_mean") == 1.0
+    expected = (-exp.advantages).masked_fill(~exp.completion_mask, 0.0)
     assert torch.equal(out.values, expected)
 
 
 def test_multiple_iterations_store_old_logps_at_sampling_time():
-    algo = make(num_generations=4, num_iterations=2)
+    algo = make(num_samples=4, epochs=2)
     policy = TwoTokenPolicy()
-    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]))
     assert torch.equal(exp.old_logps, policy.logps(exp)[0].detach())
     with torch.no_grad():
         policy.logits.add_(0.3)
         policy.logits[0, 0] += 1.0
     out = algo.loss(policy, exp)
-    assert out.metrics["ratio_mean"] != 1.0
+    assert token_mean(out, "ratio_mean") != 1.0
 
 
 def test_beta_zero_needs_no_reference_and_beta_positive_does():
-    assert not make(beta=0.0).needs_reference
-    assert make(beta=0.04).needs_reference
+    assert not make(beta=0.0).declaration.reference
+    assert make(beta=0.04).declaration.reference
 
 
 def test_kl_as_loss_adds_beta_times_k3_per_token():
     """k3(rho) = exp(-rho) - 1 + rho with rho = logps - ref_logps; the loss gains beta * k3 on counted tokens."""
     beta = 0.5
     policy = TwoTokenPolicy()
-    with_kl, without = make(beta=beta, num_generations=4), make(beta=0.0, num_generations=4)
+    with_kl, without = make(beta=beta, num_samples=4), make(beta=0.0, num_samples=4)
     scores = fixed_scores([1, 0, 0, 1, 0, 1, 0, 0])
-    exp, _ = with_kl.make_experience(policy, PROMPTS, scores, SamplingParams())
+    exp, _ = with_kl.make_experience(policy, PROMPTS, scores)
     rho = policy.logps(exp)[0].detach() - exp.ref_logps
     k3 = (torch.exp(-rho) - 1 + rho).masked_fill(~exp.completion_mask, 0.0)
     diff = with_kl.loss(policy, exp).values - without.loss(policy, exp).values
@@ -117,34 +126,38 @@ def test_kl_in_reward_shifts_rewards_before_group_normalisation():
     """In-reward k1: shaped reward = r - beta * sum_t rho_t; with scale=none the advantage is shaped - group mean."""
     beta = 0.5
     policy = TwoTokenPolicy()
-    algo = make(beta=beta, estimator="k1", placement="in_reward", num_generations=4, scale_rewards="none")
+    algo = make(beta=beta, estimator="k1", placement="in_reward", num_samples=4, scale_rewards="none")
     r = torch.tensor([1, 0, 0, 1, 0, 1, 0, 0], dtype=torch.float32)
-    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores(r.tolist()), SamplingParams())
+    exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores(r.tolist()))
     rho = (policy.logps(exp)[0].detach() - exp.ref_logps).sum(-1)
     shaped = (r - beta * rho).view(2, 4)
-    assert torch.allclose(exp.advantages, (shaped - shaped.mean(-1, keepdim=True)).flatten(), atol=1e-6)
+    want = (shaped - shaped.mean(-1, keepdim=True)).flatten()[:, None].expand(8, 3)
+    assert torch.allclose(exp.advantages, want.masked_fill(~exp.completion_mask, 0.0), atol=1e-6)
     out = algo.loss(policy, exp)
-    assert "kl_loss" not in out.metrics  # the KL is not also added as a loss
+    assert "kl_loss" not in out.token_metrics  # the KL is not also added as a loss
 
 
 @pytest.mark.parametrize("aggregation,expected", [("grpo", "sequence_mean"), ("dapo", "token_mean"), ("dr_grpo", "constant")])
 def test_loss_aggregation_names(aggregation, expected):
-    assert make(loss_aggregation=aggregation).aggregation == expected
+    """The declaration carries the reduction; Dr. GRPO's constant is the generation budget (max_new_tokens)."""
+    d = make(loss_aggregation=aggregation).declaration
+    assert d.aggregation == expected
+    assert d.aggregation_constant == (64 if aggregation == "dr_grpo" else None)
 
 
 def test_mask_truncated_drops_rows_without_eos():
-    algo = make(num_generations=4, mask_truncated=True)
-    exp, _ = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    algo = make(num_samples=4, mask_truncated=True)
+    exp, _ = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]))
     assert exp.truncated.any()
     assert not exp.loss_mask[exp.truncated].any()
     assert torch.equal(exp.loss_mask[~exp.truncated], exp.completion_mask[~exp.truncated])
 
 
 def test_experience_rows_select_together():
-    algo = make(num_generations=4, num_iterations=2)
-    exp, _ = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]), SamplingParams())
+    algo = make(num_samples=4, epochs=2)
+    exp, _ = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]))
     sub = exp.select([5, 1])
-    assert isinstance(sub, GRPOExperience)
+    assert isinstance(sub, Experience)
     assert torch.equal(sub.advantages, exp.advantages[[5, 1]])
     assert torch.equal(sub.old_logps, exp.old_logps[[5, 1]])
-    assert sub.temperature == exp.temperature
+    assert torch.equal(sub.rewards, exp.rewards[[5, 1]])

@@ -13,8 +13,10 @@ import statistics
 import pytest
 import torch
 
-from prefzoo.algos.base import ObjectiveSettings, PromptBatch, SamplingParams, SequenceBatch
-from prefzoo.algos.ppo import PPO, PPOConfig, PPOExperience, add_sequence_reward
+from prefzoo.types import ObjectiveSettings, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.algos.ppo import PPO, PPOConfig
+from prefzoo.objective import add_sequence_reward
+from prefzoo.types import Experience
 from prefzoo.objective import ObjectiveError
 from tests.algos.hydra_runs import LETTER_REWARD, TINY_RUN, compose
 from tests.models.helpers import one_thread_fixture
@@ -72,8 +74,14 @@ def make(beta=0.1, controller="fixed", target=None, horizon=10000, placement="in
     return PPO(PPOConfig(**cfg), objective)
 
 
+def token_mean(out, key):
+    """A per-token metric of a LossOutput: its (sum, count) pair divided."""
+    total, count = out.token_metrics[key]
+    return total / count
+
+
 def experience(algo, policy=None):
-    return algo.make_experience(policy or ScriptedPolicy(), PROMPTS, SCORES, SamplingParams())
+    return algo.make_experience(policy or ScriptedPolicy(), PROMPTS, SCORES)
 
 
 # ------------------------------------------------------------------------- reward layout
@@ -112,11 +120,11 @@ def test_rollout_rewards_advantages_and_returns_by_hand():
     returns = A + V: row 0 [0.886725, 0.9755, 0.99], row 1 [-0.58, -0.5]; padding exactly 0.
     """
     exp, metrics = experience(make(whiten_advantages=False))
-    assert isinstance(exp, PPOExperience)
+    assert isinstance(exp, Experience)
     torch.testing.assert_close(exp.advantages, torch.tensor([[0.786725, 0.7755, 0.69, 0.0], [-0.98, -0.4, 0.0, 0.0]]))
     torch.testing.assert_close(exp.returns, torch.tensor([[0.886725, 0.9755, 0.99, 0.0], [-0.58, -0.5, 0.0, 0.0]]))
     # metrics: score mean 0.25; KL k1 per sequence 0.4 and 1.0 -> 0.7; non-score reward -0.1 * 0.7
-    assert metrics["score"] == pytest.approx(0.25)
+    assert metrics["reward"] == pytest.approx(0.25)
     assert metrics["kl"] == pytest.approx(0.7)
     k3 = lambda r: math.exp(-r) - 1 + r  # noqa: E731
     assert metrics["kl_k3"] == pytest.approx((k3(0.5) + k3(-0.2) + k3(0.1) + k3(1.0)) / 2, rel=1e-5)
@@ -136,7 +144,7 @@ def test_missing_eos_penalty_and_entropy_bonus_are_rewards():
     earns -0.1 log pi_old: row 0 [0.1, 0.2, 0.05], row 1 [0.03, 0.12]. With V as above, lambda = 1 and gamma = 1 the
     return is the reward-to-go: row 0 [0.1 + 0.2 + 1.05, 0.2 + 1.05, 1.05] = [1.35, 1.25, 1.05],
     row 1 [0.03 - 1.38, -1.38] = [-1.35, -1.38]."""
-    exp, metrics = experience(make(beta=0.0, missing_eos_penalty=1.0, entropy_coef=0.1, lam=1.0, whiten_advantages=False))
+    exp, metrics = experience(make(beta=0.0, missing_eos_penalty=1.0, entropy_coef=0.1, gae_lambda=1.0, whiten_advantages=False))
     torch.testing.assert_close(exp.returns, torch.tensor([[1.35, 1.25, 1.05, 0.0], [-1.35, -1.38, 0.0, 0.0]]))
     assert metrics["non_score_reward"] == 0.0
     assert metrics["entropy_bonus"] == pytest.approx((0.35 + 0.15) / 2)
@@ -174,12 +182,12 @@ def test_value_loss_clipping_by_hand():
     batch.completion_mask = torch.tensor([[True, True, True, False], [False] * 4])
     with torch.no_grad():
         policy.value_table.copy_(torch.tensor([[0.5, 0.1, -0.5, GARBAGE], [GARBAGE] * 4]))
-    algo = make(vf_coef=0.5, value_clip_range=0.2)
+    algo = make(vf_coef=0.5, value_clip_eps=0.2)
     out = algo.loss(policy, batch)
     torch.testing.assert_close(out.values, torch.tensor([[0.16, 0.2025, 0.5625, 0.0], [0.0] * 4]))
-    assert out.metrics["value_clip_fraction"] == pytest.approx(1 / 3)
-    assert out.metrics["value_loss"] == pytest.approx(0.5 * (0.64 + 0.81 + 2.25) / 3)
-    assert out.metrics["policy_loss"] == 0.0 and out.metrics["policy_clip_fraction"] == 0.0
+    assert token_mean(out, "value_clip_fraction") == pytest.approx(1 / 3)
+    assert token_mean(out, "value_loss") == pytest.approx(0.5 * (0.64 + 0.81 + 2.25) / 3)
+    assert token_mean(out, "policy_loss") == 0.0 and token_mean(out, "clip_fraction") == 0.0
     out.values.sum().backward()
     torch.testing.assert_close(policy.value_table.grad, torch.tensor([[0.0, 0.5 * -0.9, 0.5 * -1.5, 0.0], [0.0] * 4]))
 
@@ -195,10 +203,10 @@ def test_policy_clip_and_approx_kl_by_hand():
     out = make().loss(policy, batch)
     a = batch.advantages
     expected_pg = torch.where(a > 0, -1.2 * a, -1.5 * a).masked_fill(~batch.completion_mask, 0.0)
-    assert out.metrics["policy_clip_fraction"] == pytest.approx(3 / 5)  # row 0 all positive, row 1 negative
-    assert out.metrics["policy_loss"] == pytest.approx(float(expected_pg.sum() / 5), rel=1e-5)
-    assert out.metrics["approx_kl"] == pytest.approx(0.5 - math.log(1.5), rel=1e-5)
-    assert out.metrics["ratio_mean"] == pytest.approx(1.5, rel=1e-5)
+    assert token_mean(out, "clip_fraction") == pytest.approx(3 / 5)  # row 0 all positive, row 1 negative
+    assert token_mean(out, "policy_loss") == pytest.approx(float(expected_pg.sum() / 5), rel=1e-5)
+    assert token_mean(out, "approx_kl") == pytest.approx(0.5 - math.log(1.5), rel=1e-5)
+    assert token_mean(out, "ratio_mean") == pytest.approx(1.5, rel=1e-5)
 
 
 def test_kl_as_loss_moves_the_penalty_out_of_the_reward():
@@ -207,7 +215,7 @@ def test_kl_as_loss_moves_the_penalty_out_of_the_reward():
     # without the penalty, row 1's rewards are [0, -0.5]: A1 = -0.4, A0 = 0 - 0.1 - 0.4 + 0.95 * -0.4 = -0.88
     torch.testing.assert_close(exp.advantages[1, :2], torch.tensor([-0.88, -0.4]))
     out = make(placement="as_loss").loss(ScriptedPolicy(), exp)
-    assert out.metrics["kl_loss"] == pytest.approx((0.5 - 0.2 + 0.1 + 1.0) / 5)
+    assert token_mean(out, "kl_loss") == pytest.approx((0.5 - 0.2 + 0.1 + 1.0) / 5)
 
 
 def test_adaptive_beta_follows_the_kl():
@@ -244,8 +252,8 @@ def test_ppo_runs_end_to_end_through_the_loop(tmp_path):
     policy0 = [p.detach().clone() for n, p in trainer.model.named_parameters() if ".default." in n]
     summary = trainer.run()
     metrics = summary["final_train_metrics"]
-    for key in ("score", "non_score_reward", "kl", "kl_k3", "beta", "entropy", "policy_loss", "value_loss",
-                "value_clip_fraction", "policy_clip_fraction", "approx_kl", "explained_variance", "completion_length"):
+    for key in ("reward", "non_score_reward", "kl", "kl_k3", "beta", "entropy", "policy_loss", "value_loss",
+                "value_clip_fraction", "clip_fraction", "approx_kl", "explained_variance", "completion_length"):
         assert key in metrics, key
     # the KL spent so far is this step's rollout KL (what objective.kl_budget compares), reported in the summary
     assert summary["kl_spent"] == pytest.approx(metrics["kl"])

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefzoo.algos.base import ObjectiveSettings, SequenceBatch
-from prefzoo.algos.rm import RewardModelling, RMConfig, bradley_terry_loss, sequence_rewards, with_terminal_column
+from prefzoo.types import ObjectiveSettings, SequenceBatch
+from prefzoo.algos.rm import RewardModelling, RMConfig
+from prefzoo.objective import bradley_terry_loss
+from prefzoo.types import sequence_rewards
 from prefzoo.data.preference import collate_preferences, PreferenceExample
 from prefzoo.errors import ConfigError
 from tests.algos.hydra_runs import TINY_RUN, compose
@@ -54,11 +56,11 @@ def test_terminal_read_out_and_loss_through_the_plugin():
     rejected [2, 2, 2] -> r = 1 vs 6, d = -5. Loss = [log(1 + e^-4), log(1 + e^5)]; accuracy 1/2."""
     examples = [PreferenceExample([1], [3, 2], [1]), PreferenceExample([1, 1], [1], [2, 2, 2])]
     batch = collate_preferences(examples, [0, 1], pad_id=0)
-    ext = with_terminal_column(batch.chosen)
+    ext = batch.chosen.with_terminal_column()
     assert ext.completion_mask.tolist() == [[True, True, True], [True, True, False]]
     torch.testing.assert_close(sequence_rewards(SumPolicy().values, batch.rejected), torch.tensor([1.0, 6.0]))
     algo = RewardModelling(RMConfig(), ObjectiveSettings(beta=0.0))
-    assert not algo.needs_reference and algo.needs_value_head and not algo.online
+    assert not algo.declaration.reference and algo.declaration.value_head is not None and not algo.declaration.online
     out = algo.loss(SumPolicy(), batch)
     torch.testing.assert_close(out.values, torch.tensor([math.log1p(math.exp(-4)), math.log1p(math.exp(5))]))
     assert out.mask is None and out.metrics["accuracy"] == 0.5 and out.metrics["margin"] == pytest.approx(-0.5)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from prefzoo.algos.base import ObjectiveSettings
+from prefzoo.types import ObjectiveSettings
 from prefzoo.algos.simpo import SimPO, SimPOConfig
 from prefzoo.config import Config, ModelConfig, TrainerConfig, resolve_objective
 from prefzoo.data.preference import PreferenceExample, collate_preferences
@@ -33,7 +33,7 @@ def simpo(beta=2.0, **cfg) -> SimPO:
 def test_defaults_are_the_papers():
     algo = SimPO(SimPOConfig(), resolve_objective(Config(algo=SimPOConfig())))
     assert algo.beta == 2.0 and algo.gamma == 1.0
-    assert algo.needs_reference is False
+    assert algo.declaration.reference is False
 
 
 def test_loss_hand_values():
@@ -99,7 +99,7 @@ def test_no_reference_model_is_loaded(monkeypatch, lora_on):
     cfg = Config(algo=SimPOConfig(), model=ModelConfig(name="tiny", lora=lora_settings(enabled=lora_on)),
                  trainer=TrainerConfig(device="cpu"))
     algo = SimPO(cfg.algo, resolve_objective(cfg))
-    built = build_policy(cfg, algo, tokenizer(), torch.device("cpu"))
+    built = build_policy(cfg, algo.declaration, tokenizer(), torch.device("cpu"))
     ref = built.policy.reference
     if lora_on:
         assert ref is None or (ref.kind == "adapter_disabled" and ref.module is built.model)

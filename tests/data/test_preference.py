@@ -304,7 +304,7 @@ class ScriptedSampler:
         self.script, self.done = script, 0
 
     def sample(self, batch, k, params):
-        from prefzoo.algos.base import SequenceBatch
+        from prefzoo.types import SequenceBatch
 
         rows = [self.script[self.done + i][j] for i in range(len(batch)) for j in range(k)]
         self.done += len(batch)
@@ -320,7 +320,7 @@ def test_sample_and_label_pairs_follow_the_verifier():
     Prompt 1: correct but truncated vs wrong but ended: 'ended' must not make the wrong answer chosen over the
     right one -> no pair. Prompt 2: all equal and ended -> no pair. Prompt 3: both wrong (one truncated): the
     verifier does not tell them apart -> no pair."""
-    from prefzoo.algos.base import SamplingParams
+    from prefzoo.types import SamplingParams
     from prefzoo.data.pairs import sample_and_label
     from prefzoo.data.prompts import PromptSet
 
@@ -344,7 +344,7 @@ def test_sample_and_label_pairs_follow_the_verifier():
 def test_sample_and_label_without_requiring_an_ended_chosen():
     """require_finished=False (data.pairs.require_finished=false): completions cut at the length limit compete as
     they are, so prompt 1 of the script above now gives the pair (truncated '5 and more' over '7')."""
-    from prefzoo.algos.base import SamplingParams
+    from prefzoo.types import SamplingParams
     from prefzoo.data.pairs import sample_and_label
     from prefzoo.data.prompts import PromptSet
 

@@ -52,7 +52,7 @@ DPO = ["algo=dpo", "data=file", f"data.path={FIXTURE}", "data.max_length=96", "d
 # uniform lands on the other side of a CDF step): rewards of steps 1-2 agree to 1e-7, step 3's differ. At 1.0 the
 # three steps draw the same tokens, so the test can compare weights to 1e-5.
 GRPO = ["algo=grpo", "data=arithmetic", "data.num_train=16", "data.num_eval=2",
-        "reward.functions=[tests.distributed.rewards:length]", "algo.num_generations=4", "algo.scale_rewards=batch",
+        "reward.functions=[tests.distributed.rewards:length]", "algo.num_samples=4", "algo.scale_rewards=batch",
         "rollout.max_new_tokens=8", "rollout.temperature=1.0", "trainer.batch_size=4", "trainer.micro_batch_size=8", "trainer.save_every=0",
         *QUIET]
 SWEEP = ["-m", "hydra/launcher=submitit_local", "algo=dpo", "data=file", f"data.path={FIXTURE}",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prefzoo import cli
-from prefzoo.algos.base import ROLLOUT_SEED_COLUMN, SamplingParams
+from prefzoo.types import ROLLOUT_SEED_COLUMN, SamplingParams
 from prefzoo.errors import ConfigError
 from prefzoo.models.policy import CausalLMPolicy
 from prefzoo.training import distributed, loop, setup
@@ -175,7 +175,7 @@ def test_one_process_needs_no_process_group(monkeypatch):
 # ------------------------------------------------------------------ accumulate_gradients' data-parallel hooks
 @pytest.fixture(scope="module")
 def dpo_setup():
-    from prefzoo.algos.base import ObjectiveSettings
+    from prefzoo.types import ObjectiveSettings
     from prefzoo.algos.dpo import DPO, DPOConfig
     from prefzoo.data.preference import PreferenceExample, collate_preferences
     from prefzoo.models.lora import wrap_trainable

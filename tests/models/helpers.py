@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from prefzoo.algos.base import PromptBatch, SequenceBatch
+from prefzoo.types import PromptBatch, SequenceBatch
 from prefzoo.config import LoraConfig
 from prefzoo.data.preference import pad_rows
 from prefzoo.models.loading import load_causal_lm, load_tokenizer

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from prefzoo.algos.ppo import PPOConfig
-from prefzoo.algos.rm import RMConfig, sequence_rewards
+from prefzoo.algos.rm import RMConfig
+from prefzoo.types import ValueHeadSpec, sequence_rewards
 from prefzoo.config import Config, DataConfig, ModelConfig, TrainerConfig
 from prefzoo.errors import ConfigError
 from prefzoo.models.lora import wrap_trainable
@@ -25,6 +26,11 @@ from tests.models.helpers import SPREAD, lora_settings, sequence_batch, tiny_mod
 PROMPTS = [[1, 100, 200, 300], [1, 7]]
 COMPLETIONS = [[400, 500, 2], [600, 700, 800, 900, 2]]
 
+
+
+def spec_of(cfg) -> ValueHeadSpec:
+    """The value head a plugin with this config declares (PPO: separate adapter, zero head; RM: its fields)."""
+    return ValueHeadSpec(cfg.algo.value_adapter, getattr(cfg.algo, "head_init", "zeros"))
 
 def config(value_adapter="separate", lora=True, gradient_checkpointing=False, algo=None) -> Config:
     algo = algo or PPOConfig(value_adapter=value_adapter)
@@ -38,7 +44,7 @@ def build(value_adapter="separate", lora=True, seed=0, initializer_range=SPREAD)
     model = wrap_trainable(tiny_model(seed, initializer_range=initializer_range), cfg.model.lora, quantized=False,
                            adapter_path=None, gradient_checkpointing=False)
     reference = make_reference(model, lora_enabled=lora, adapter_loaded=False, mode="auto")
-    value = build_value_model(cfg, model, torch.device("cpu"))
+    value = build_value_model(cfg, spec_of(cfg), model, torch.device("cpu"))
     with torch.no_grad():
         g = torch.Generator().manual_seed(1)
         value.head.weight.copy_(torch.randn(value.head.weight.shape, generator=g))
@@ -154,9 +160,9 @@ def test_separate_adapter_refuses_gradient_checkpointing():
     cfg = config(gradient_checkpointing=True)
     model = wrap_trainable(tiny_model(), cfg.model.lora, quantized=False, adapter_path=None, gradient_checkpointing=False)
     with pytest.raises(ConfigError, match="gradient_checkpointing"):
-        build_value_model(cfg, model, torch.device("cpu"))
+        build_value_model(cfg, spec_of(cfg), model, torch.device("cpu"))
     with pytest.raises(ConfigError, match="value_adapter"):
-        build_value_model(config(algo=RMConfig(value_adapter="bogus")), model, torch.device("cpu"))
+        build_value_model(config(algo=RMConfig(value_adapter="bogus")), ValueHeadSpec("bogus"), model, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("mode", ["separate", "shared"])
@@ -186,9 +192,9 @@ def test_reward_model_head_starts_random_and_value_head_at_zero():
     """algo=rm: weights ~ N(0, 1/(64 + 1)), so values differ between sequences; PPO's value head starts at 0."""
     model = wrap_trainable(tiny_model(), lora_settings(), quantized=False, adapter_path=None, gradient_checkpointing=False)
     torch.manual_seed(0)
-    rm = build_value_model(config(algo=RMConfig()), model, torch.device("cpu"))
+    rm = build_value_model(config(algo=RMConfig()), ValueHeadSpec("shared", "normal"), model, torch.device("cpu"))
     assert rm.adapter is None and abs(rm.head.weight.std().item() - 65 ** -0.5) < 0.04
     assert (rm.head.bias == 0).all()
     model = wrap_trainable(tiny_model(), lora_settings(), quantized=False, adapter_path=None, gradient_checkpointing=False)
-    value = build_value_model(config(), model, torch.device("cpu"))
+    value = build_value_model(config(), ValueHeadSpec(), model, torch.device("cpu"))
     assert (value.head.weight == 0).all() and (value(sequence_batch(PROMPTS, COMPLETIONS)) == 0).all()

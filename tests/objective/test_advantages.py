@@ -15,11 +15,11 @@ def test_group_of_four_hand_numbers():
     """[1, 0, 1, 0]: mean 0.5, unbiased std = sqrt(4 * 0.25 / 3) = sqrt(1/3) = 0.5773502692;
     A = +-0.5 / (0.5773502692 + 1e-4) = +-0.8658754298 ("group"), +-0.5 ("none")."""
     r = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    a = group_advantages(r, 4)
+    a = group_advantages(r, 4, "group", 1e-4)
     expected = 0.5 / (math.sqrt(1 / 3) + 1e-4)
     assert abs(expected - 0.8658754298) < 1e-9
     torch.testing.assert_close(a, torch.tensor([expected, -expected, expected, -expected]))
-    torch.testing.assert_close(group_advantages(r, 4, scale="none"),
+    torch.testing.assert_close(group_advantages(r, 4, "none", 1e-4),
                                torch.tensor([0.5, -0.5, 0.5, -0.5]))
 
 
@@ -28,7 +28,7 @@ def test_batch_scale_hand_numbers():
     2 * 0.5625 + 2 * 3.0625 + 4 * 1.5625 = 13.5, unbiased var 13.5/7, std = 1.3887301496.
     Group 1: +-0.5 / (1.3887301496 + 1e-4); group 2 (all equal): exactly 0."""
     r = torch.tensor([1.0, 0.0, 1.0, 0.0, 3.0, 3.0, 3.0, 3.0])
-    a = group_advantages(r, 4, scale="batch")
+    a = group_advantages(r, 4, "batch", 1e-4)
     std = math.sqrt(13.5 / 7)
     assert abs(std - 1.3887301496) < 1e-9
     x = 0.5 / (std + 1e-4)
@@ -47,12 +47,12 @@ def test_equal_rewards_give_exact_zeros(scale):
         assert (a == 0).all()
     # a group of rewards equal up to float noise (computed along two paths) is also constant
     noisy = torch.tensor([0.1 + 0.2, 0.3, 0.3, 0.1 + 0.2], dtype=torch.float64)
-    assert (group_advantages(noisy, 4, eps=1e-12) == 0).all()
+    assert (group_advantages(noisy, 4, "group", 1e-12) == 0).all()
 
 
 def test_close_but_really_different_rewards_are_not_zeroed():
     r = torch.tensor([0.35, 0.3501], dtype=torch.float32)
-    a = group_advantages(r, 2, eps=1e-8)
+    a = group_advantages(r, 2, "group", 1e-8)
     # two distinct values: +-0.5 * d / (d / sqrt(2)) = +-1/sqrt(2) (eps negligible)
     torch.testing.assert_close(a, torch.tensor([-1.0, 1.0]) / math.sqrt(2), atol=1e-3, rtol=0)
 
@@ -60,21 +60,21 @@ def test_close_but_really_different_rewards_are_not_zeroed():
 def test_group_of_one_gives_zero():
     r = torch.tensor([0.3, 1.0, -2.0])
     for scale in ("group", "batch", "none"):
-        assert (group_advantages(r, 1, scale=scale) == 0).all()
-    assert (group_advantages(torch.tensor([5.0]), 1, scale="batch") == 0).all()
+        assert (group_advantages(r, 1, scale, 1e-4) == 0).all()
+    assert (group_advantages(torch.tensor([5.0]), 1, "batch", 1e-4) == 0).all()
 
 
 def test_group_advantages_errors():
     with pytest.raises(ObjectiveError, match="multiple of group_size=4"):
-        group_advantages(torch.zeros(6), 4)
+        group_advantages(torch.zeros(6), 4, "group", 1e-4)
     with pytest.raises(ObjectiveError, match="'group', 'batch', 'none'"):
-        group_advantages(torch.zeros(4), 2, scale="rank")
+        group_advantages(torch.zeros(4), 2, "rank", 1e-4)
     with pytest.raises(ObjectiveError, match=r"\(B,\)"):
-        group_advantages(torch.zeros(2, 2), 2)
+        group_advantages(torch.zeros(2, 2), 2, "group", 1e-4)
     with pytest.raises(ObjectiveError, match="NaN"):
-        group_advantages(torch.tensor([0.0, float("nan")]), 2)
+        group_advantages(torch.tensor([0.0, float("nan")]), 2, "group", 1e-4)
     with pytest.raises(ObjectiveError, match="group_size"):
-        group_advantages(torch.zeros(4), 0)
+        group_advantages(torch.zeros(4), 0, "group", 1e-4)
 
 
 # ------------------------------------------------------------------------------------------ GAE
@@ -86,14 +86,14 @@ def test_data_parallel_groups_with_a_global_batch_std(scale):
     pairs the calls): each half must equal its rows of the whole batch's advantages, for scale=batch too
     (the std of all rewards, not of the half); all_reduce is called only for scale=batch, twice."""
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 0.0, 0.0, 0.0, 0.0, 5.0, -2.0])
-    whole = group_advantages(rewards, 4, scale)
+    whole = group_advantages(rewards, 4, scale, 1e-4)
     halves = [rewards[:4], rewards[4:]]  # one group vs two
-    results, calls = run_on_two_ranks(lambda rank, all_reduce: group_advantages(halves[rank], 4, scale,
+    results, calls = run_on_two_ranks(lambda rank, all_reduce: group_advantages(halves[rank], 4, scale, 1e-4,
                                                                                 all_reduce=all_reduce))
     torch.testing.assert_close(torch.cat(results), whole, atol=1e-6, rtol=0)
     assert calls == ([2, 2] if scale == "batch" else [0, 0])
     if scale == "batch":  # the local std alone would be wrong
-        assert (group_advantages(halves[0], 4, scale) - whole[:4]).abs().max() > 1e-2
+        assert (group_advantages(halves[0], 4, scale, 1e-4) - whole[:4]).abs().max() > 1e-2
 
 
 def test_gae_hand_computed_t3():
@@ -105,7 +105,7 @@ def test_gae_hand_computed_t3():
     rewards = torch.tensor([[0.0, 0.0, 1.0]], dtype=torch.float64)
     values = torch.tensor([[0.5, 0.6, 0.7]], dtype=torch.float64)
     mask = torch.ones(1, 3, dtype=torch.bool)
-    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    adv, ret = gae(rewards, values, mask, gae_gamma=0.9, gae_lambda=0.8)
     torch.testing.assert_close(adv, torch.tensor([[0.21712, 0.246, 0.3]], dtype=torch.float64))
     torch.testing.assert_close(ret, torch.tensor([[0.71712, 0.846, 1.0]], dtype=torch.float64))
 
@@ -129,11 +129,11 @@ def test_gae_padding_is_ignored_and_holes_are_skipped():
     rewards = torch.randn(2, 5, generator=g, dtype=torch.float64)
     values = torch.randn(2, 5, generator=g, dtype=torch.float64)
     mask = torch.tensor([[True, True, True, False, False], [True, False, True, True, False]])
-    adv, ret = gae(rewards, values, mask, gamma=0.95, lam=0.9)
+    adv, ret = gae(rewards, values, mask, gae_gamma=0.95, gae_lambda=0.9)
     r2, v2 = rewards.clone(), values.clone()
     r2[~mask] = torch.tensor([1e6, float("nan"), float("inf"), -1e6], dtype=torch.float64)
     v2[~mask] = torch.tensor([float("nan"), 1e6, -5.0, float("inf")], dtype=torch.float64)
-    adv2, ret2 = gae(r2, v2, mask, gamma=0.95, lam=0.9)
+    adv2, ret2 = gae(r2, v2, mask, gae_gamma=0.95, gae_lambda=0.9)
     torch.testing.assert_close(adv2, adv)
     torch.testing.assert_close(ret2, ret)
     assert (adv[~mask] == 0).all() and (ret[~mask] == 0).all()
@@ -150,9 +150,9 @@ def test_gae_terminal_reward_only_on_last_token():
     rewards = torch.tensor([[0.0, 0.0, 0.0, 2.0, 0.0]])
     values = torch.zeros(1, 5)
     mask = torch.tensor([[True, True, True, True, False]])
-    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.5)
+    adv, ret = gae(rewards, values, mask, gae_gamma=1.0, gae_lambda=0.5)
     torch.testing.assert_close(adv, torch.tensor([[2 * 0.125, 2 * 0.25, 2 * 0.5, 2.0, 0.0]]))
-    adv1, ret1 = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    adv1, ret1 = gae(rewards, values, mask, gae_gamma=1.0, gae_lambda=1.0)
     torch.testing.assert_close(ret1, torch.tensor([[2.0, 2.0, 2.0, 2.0, 0.0]]))
 
 
@@ -162,7 +162,7 @@ def test_gae_lambda_one_gamma_one_returns_are_reward_to_go():
     values = torch.randn(3, 6, generator=g, dtype=torch.float64)
     lengths = torch.tensor([6, 4, 1])
     mask = torch.arange(6)[None, :] < lengths[:, None]
-    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    adv, ret = gae(rewards, values, mask, gae_gamma=1.0, gae_lambda=1.0)
     kept = torch.where(mask, rewards, torch.zeros_like(rewards))
     to_go = kept.flip(-1).cumsum(-1).flip(-1)  # sum_{t' >= t} r_t'
     torch.testing.assert_close(ret, torch.where(mask, to_go, torch.zeros_like(to_go)))
@@ -172,11 +172,11 @@ def test_gae_lambda_one_gamma_one_returns_are_reward_to_go():
 def test_gae_errors_and_detached_outputs():
     x = torch.zeros(2, 3, requires_grad=True)
     m = torch.ones(2, 3, dtype=torch.bool)
-    adv, ret = gae(x, x, m)
+    adv, ret = gae(x, x, m, 1.0, 0.95)
     assert not adv.requires_grad and not ret.requires_grad
     with pytest.raises(ObjectiveError, match=r"\(2, 3\).*\(2, 4\)"):
-        gae(torch.zeros(2, 3), torch.zeros(2, 4), m)
+        gae(torch.zeros(2, 3), torch.zeros(2, 4), m, 1.0, 0.95)
     with pytest.raises(ObjectiveError, match="lam"):
-        gae(torch.zeros(2, 3), torch.zeros(2, 3), m, lam=1.5)
+        gae(torch.zeros(2, 3), torch.zeros(2, 3), m, 1.0, 1.5)
     with pytest.raises(ObjectiveError, match="bool"):
-        gae(torch.zeros(2, 3), torch.zeros(2, 3), m.float())
+        gae(torch.zeros(2, 3), torch.zeros(2, 3), m.float(), 1.0, 0.95)

@@ -25,14 +25,14 @@ def test_hand_values_symmetric_clip():
     ratio 1.1, A = +2: inside, 2.2              -> loss -2.2, not clipped
     ratio 1.25, A = +1: 1.2                      -> loss -1.2, clipped"""
     logps, old, adv, mask = _case([1.5, 1.5, 0.5, 0.5, 1.1, 1.25], [1, -1, 1, -1, 2, 1])
-    loss, clipped = clipped_surrogate_loss(logps, old, adv, mask)
+    loss, clipped = clipped_surrogate_loss(logps, old, adv, mask, 0.2)
     torch.testing.assert_close(loss.detach(), torch.tensor([[-1.2, 1.5, -0.5, 0.8, -2.2, -1.2]],
                                                            dtype=torch.float64))
     assert clipped.tolist() == [[True, False, False, True, False, True]]
 
 
 def test_clip_higher_asymmetric():
-    """epsilon_low = 0.2, epsilon_high = 0.28: ratio 1.25 with A = +1 is now inside (1.25 < 1.28)
+    """clip_eps_low = 0.2, clip_eps_high = 0.28: ratio 1.25 with A = +1 is now inside (1.25 < 1.28)
     -> loss -1.25; ratio 1.3 is clipped at 1.28 -> -1.28; the low side still clips at 0.8."""
     logps, old, adv, mask = _case([1.25, 1.3, 0.5], [1, 1, -1])
     loss, clipped = clipped_surrogate_loss(logps, old, adv, mask, 0.2, 0.28)
@@ -48,7 +48,7 @@ def test_gradient_is_zero_exactly_where_clipped_and_the_ratio_gradient_elsewhere
     advs = [1.0, -1.0, 1.0, -1.0, 2.0, -3.0, 0.5]
     logps, old, adv, mask = _case(ratios, advs)
     mask[0, -1] = False
-    loss, clipped = clipped_surrogate_loss(logps, old, adv, mask)
+    loss, clipped = clipped_surrogate_loss(logps, old, adv, mask, 0.2)
     loss.sum().backward()
     expected = [0.0 if c else -r * a for r, a, c in zip(ratios, advs, clipped[0].tolist())]
     expected[-1] = 0.0  # masked
@@ -62,7 +62,7 @@ def test_on_policy_ratio_is_exactly_one_and_loss_is_minus_advantage():
     logps = -torch.rand(3, 4, generator=g) * 5
     adv = torch.randn(3, generator=g)
     mask = torch.tensor([[True] * 4, [True, True, False, False], [False] * 4])
-    loss, clipped = clipped_surrogate_loss(logps, logps.clone(), adv, mask)
+    loss, clipped = clipped_surrogate_loss(logps, logps.clone(), adv, mask, 0.2)
     expected = torch.where(mask, -adv[:, None].expand(3, 4), torch.zeros(3, 4))
     assert torch.equal(loss, expected)
     assert not clipped.any()
@@ -74,8 +74,8 @@ def test_per_sequence_advantages_broadcast_like_per_token():
     old = logps + 0.3 * torch.randn(2, 5, generator=g)
     adv = torch.randn(2, generator=g)
     mask = torch.ones(2, 5, dtype=torch.bool)
-    a, ca = clipped_surrogate_loss(logps, old, adv, mask)
-    b, cb = clipped_surrogate_loss(logps, old, adv[:, None].expand(2, 5), mask)
+    a, ca = clipped_surrogate_loss(logps, old, adv, mask, 0.2)
+    b, cb = clipped_surrogate_loss(logps, old, adv[:, None].expand(2, 5), mask, 0.2)
     assert torch.equal(a, b) and torch.equal(ca, cb)
 
 
@@ -89,7 +89,7 @@ def test_value_loss_hand_values():
     old = torch.tensor([[0.5, 0.5, 0.5]], dtype=torch.float64)
     returns = torch.tensor([[2.0, 2.0, 0.0]], dtype=torch.float64)
     mask = torch.ones(1, 3, dtype=torch.bool)
-    loss, clipped = clipped_value_loss(values, old, returns, mask, clip_range=0.2)
+    loss, clipped = clipped_value_loss(values, old, returns, mask, value_clip_eps=0.2)
     torch.testing.assert_close(loss.detach(), torch.tensor([[0.845, 0.98, 0.5]],
                                                            dtype=torch.float64))
     assert clipped.tolist() == [[True, False, False]]
@@ -101,7 +101,7 @@ def test_value_loss_hand_values():
 def test_value_loss_masks():
     values = torch.tensor([[1.0, float("nan")]])
     loss, clipped = clipped_value_loss(values, torch.zeros(1, 2), torch.zeros(1, 2),
-                                       torch.tensor([[True, False]]), clip_range=10.0)
+                                       torch.tensor([[True, False]]), value_clip_eps=10.0)
     assert loss.tolist() == [[0.5, 0.0]] and clipped.tolist() == [[False, False]]
 
 
@@ -109,13 +109,13 @@ def test_surrogate_errors():
     x = torch.zeros(2, 3)
     m = torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(ObjectiveError, match=r"\(2, 3\).*\(2, 4\)"):
-        clipped_surrogate_loss(x, torch.zeros(2, 4), torch.zeros(2), m)
+        clipped_surrogate_loss(x, torch.zeros(2, 4), torch.zeros(2), m, 0.2)
     with pytest.raises(ObjectiveError, match="advantages"):
-        clipped_surrogate_loss(x, x, torch.zeros(3), m)
-    with pytest.raises(ObjectiveError, match="epsilon_low"):
-        clipped_surrogate_loss(x, x, torch.zeros(2), m, epsilon_low=-0.1)
-    with pytest.raises(ObjectiveError, match="epsilon_high"):
-        clipped_surrogate_loss(x, x, torch.zeros(2), m, epsilon_high=-0.1)
-    with pytest.raises(ObjectiveError, match="clip_range"):
-        clipped_value_loss(x, x, x, m, clip_range=-1)
-    assert math.isfinite(float(clipped_surrogate_loss(x, x, torch.zeros(2), m)[0].sum()))
+        clipped_surrogate_loss(x, x, torch.zeros(3), m, 0.2)
+    with pytest.raises(ObjectiveError, match="clip_eps_low"):
+        clipped_surrogate_loss(x, x, torch.zeros(2), m, clip_eps_low=-0.1)
+    with pytest.raises(ObjectiveError, match="clip_eps_high"):
+        clipped_surrogate_loss(x, x, torch.zeros(2), m, 0.2, clip_eps_high=-0.1)
+    with pytest.raises(ObjectiveError, match="value_clip_eps"):
+        clipped_value_loss(x, x, x, m, value_clip_eps=-1)
+    assert math.isfinite(float(clipped_surrogate_loss(x, x, torch.zeros(2), m, 0.2)[0].sum()))

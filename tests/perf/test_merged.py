@@ -9,7 +9,7 @@
 
 import torch
 
-from prefzoo.algos.base import SamplingParams
+from prefzoo.types import SamplingParams
 from prefzoo.models.merged import MergedCopy, can_merge
 from prefzoo.models.policy import CausalLMPolicy
 from tests.models.helpers import prompt_batch, tokenizer

@@ -135,7 +135,7 @@ RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml") if not p.stem
 def _compose(overrides):
     from hydra import compose, initialize_config_dir
 
-    from prefzoo.config import register_configs
+    from prefzoo.cli import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -157,7 +157,7 @@ def test_recipe_composes_and_every_sweep_point_validates(name, tmp_path):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from prefzoo.config import to_typed
+    from prefzoo.cli import to_typed
 
     cfg = _compose([f"+recipe={name}"])
     assert f"multirun/{name}/" in cfg.hydra.sweep.dir

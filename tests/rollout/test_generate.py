@@ -10,7 +10,7 @@ samplers.
 import pytest
 import torch
 
-from prefzoo.algos.base import SamplingParams
+from prefzoo.types import SamplingParams
 from prefzoo.models.policy import CausalLMPolicy
 from prefzoo.rollout.generate import filter_top_p, position_ids_from_mask, sample_completions, sample_from
 from tests.models.helpers import SPREAD, pad_id, prompt_batch, tiny_model, tokenizer

@@ -12,14 +12,16 @@ the equalities below hold to 1e-6 with room to spare, and what they test is the 
 import pytest
 import torch
 
-from prefzoo.algos.base import ObjectiveSettings
+from prefzoo.types import ObjectiveSettings
 from prefzoo.algos.dpo import DPO, DPOConfig
-from prefzoo.algos.grpo import GRPO, GRPOConfig, GRPOExperience
+from prefzoo.algos.grpo import GRPO, GRPOConfig
 from prefzoo.data.preference import PreferenceExample, collate_preferences
 from prefzoo.models.lora import wrap_trainable
 from prefzoo.models.policy import CausalLMPolicy
 from prefzoo.models.reference import make_reference
-from prefzoo.training.loop import accumulate_gradients
+from prefzoo.training.loop import accumulate_gradients, global_pairs
+from prefzoo.training.step import mean_metrics
+from prefzoo.types import Experience
 from tests.models.helpers import SPREAD, lora_settings, sequence_batch, tiny_model, tokenizer
 
 TOL = dict(rtol=0, atol=1e-6)
@@ -69,16 +71,16 @@ def test_dpo_two_micro_batches_equal_one_batch(policy):
     assert max(float(g.abs().max()) for g in plain.values()) > 1e-3
 
 
-def grpo_experience() -> GRPOExperience:
+def grpo_experience() -> Experience:
     """Four sampled rows; the first micro-batch (rows 0-1) has 2 + 3 = 5 completion tokens, the second
     (rows 2-3) 7 + 6 = 13: a per-micro-batch token mean would weight their tokens 1/5 and 1/13."""
     prompts = [[1, 100, 200], [1, 100, 200], [9, 8, 7, 6], [9, 8, 7, 6]]
     completions = [[300, 2], [301, 302, 2], [303, 304, 305, 306, 307, 308, 2], [309, 310, 311, 312, 313, 2]]
     b = sequence_batch(prompts, completions)
-    return GRPOExperience(b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask,
-                          prompt_index=torch.tensor([0, 0, 1, 1]), truncated=torch.zeros(4, dtype=torch.bool),
-                          advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]), loss_mask=b.completion_mask.clone(),
-                          temperature=1.0)
+    per_row = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    return Experience(b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask,
+                      prompt_index=torch.tensor([0, 0, 1, 1]), truncated=torch.zeros(4, dtype=torch.bool),
+                      advantages=(per_row[:, None] * b.completion_mask), loss_mask=b.completion_mask.clone())
 
 
 def test_token_mean_loss_with_unequal_micro_batches_equals_one_batch(policy):
@@ -87,7 +89,7 @@ def test_token_mean_loss_with_unequal_micro_batches_equals_one_batch(policy):
     gradient is written out below as the plain reference."""
     exp = grpo_experience()
     algo = GRPO(GRPOConfig(loss_aggregation="dapo"), ObjectiveSettings(beta=0.0))
-    assert algo.aggregation == "token_mean"
+    assert algo.declaration.aggregation == "token_mean"
     small = grads_of(policy, lambda: accumulate_gradients(algo, policy, exp, micro_batch_size=2))
     big = grads_of(policy, lambda: accumulate_gradients(algo, policy, exp, micro_batch_size=4))
 
@@ -95,7 +97,7 @@ def test_token_mean_loss_with_unequal_micro_batches_equals_one_batch(policy):
         logps, _ = policy.logps(exp)
         mask = exp.completion_mask
         assert int(mask.sum()) == 18
-        return -(exp.advantages[:, None] * logps * mask).sum() / 18.0
+        return -(exp.advantages * logps * mask).sum() / 18.0
 
     reference = grads_of(policy, plain)
     assert_same(small, big)
@@ -108,7 +110,7 @@ def test_token_mean_loss_with_unequal_micro_batches_equals_one_batch(policy):
             part = exp.select(rows)
             logps, _ = policy.logps(part)
             mask = part.completion_mask
-            total = total - (part.advantages[:, None] * logps * mask).sum() / mask.sum() / 2
+            total = total - (part.advantages * logps * mask).sum() / mask.sum() / 2
         return total
 
     assert max_diff(grads_of(policy, per_micro_mean), reference) > 1e-4
@@ -124,7 +126,7 @@ def test_sequence_mean_loss_with_unequal_micro_batches_equals_one_batch(policy):
         logps, _ = policy.logps(exp)
         mask = exp.completion_mask
         per_row = (logps * mask).sum(-1) / mask.sum(-1)
-        return -(exp.advantages * per_row).sum() / 4
+        return -(exp.advantages[:, 0] * per_row).sum() / 4
 
     assert_same(small, grads_of(policy, plain))
 
@@ -135,5 +137,44 @@ def test_accumulate_gradients_reports_the_whole_batch_loss(policy):
     a = accumulate_gradients(algo, policy, exp, micro_batch_size=1)
     b = accumulate_gradients(algo, policy, exp, micro_batch_size=4)
     policy.model.zero_grad(set_to_none=True)
+    a, b = mean_metrics(a), mean_metrics(b)
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     assert a["clip_fraction"] == pytest.approx(b["clip_fraction"], abs=1e-6)
+
+
+class FixedRatioPolicy:
+    """Two rows: A with 4 completion tokens at log pi - log pi_ref = 0.1 each, B with 1 token at 0.6."""
+
+    reference, tractable_logps, analytic_kl = True, True, None
+
+    def __init__(self):
+        self.theta = torch.zeros((), requires_grad=True)
+
+    def logps(self, batch, temperature=1.0, with_entropy=False):
+        ref = self.ref_logps(batch)
+        rho = torch.where(batch.prompt_ids[:, -1:] == 1, torch.tensor(0.1), torch.tensor(0.6))
+        out = (ref + rho + self.theta).masked_fill(~batch.completion_mask, 0.0)
+        return out, (torch.zeros_like(out) if with_entropy else None)
+
+    def ref_logps(self, batch, temperature=1.0):
+        return torch.full(batch.completion_mask.shape, -1.0).masked_fill(~batch.completion_mask, 0.0)
+
+
+def test_per_token_metrics_do_not_change_with_micro_batch_size_or_process_count():
+    """The hardening issue's case: one GRPO step, beta 0.1, k1 as a loss, loss_aggregation=dapo; row A has 4 tokens
+    with log pi - log pi_ref = 0.1 each, row B 1 token with 0.6. The logged kl_loss is the token mean
+    (4 x 0.1 + 0.6) / 5 = 0.2 -- with one micro-batch, with micro_batch_size=1 (was 0.35: the mean of the two
+    rows' means, (0.1 + 0.6) / 2), and with two processes holding one row each (the pairs added over processes)."""
+    b = sequence_batch([[1], [2]], [[5, 5, 5, 5], [6]])
+    policy = FixedRatioPolicy()
+    exp = Experience(b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask,
+                     truncated=torch.zeros(2, dtype=torch.bool), advantages=torch.zeros(b.completion_mask.shape),
+                     loss_mask=b.completion_mask.clone(), ref_logps=policy.ref_logps(b))
+    algo = GRPO(GRPOConfig(loss_aggregation="dapo"), ObjectiveSettings(beta=0.1, kl_estimator="k1",
+                                                                       kl_placement="as_loss"))
+    one = mean_metrics(accumulate_gradients(algo, policy, exp, micro_batch_size=2))
+    micro = mean_metrics(accumulate_gradients(algo, policy, exp, micro_batch_size=1))
+    ranks = [accumulate_gradients(algo, policy, exp.select([r]), micro_batch_size=1) for r in (0, 1)]
+    two = mean_metrics(global_pairs(ranks))
+    for m in (one, micro, two):
+        assert m["kl_loss"] == pytest.approx(0.2, abs=1e-6)

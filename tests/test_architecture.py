@@ -1,0 +1,179 @@
+"""Guards that keep the house standing (DESIGN.md, "Which way the imports run"; the plugin-contract issue).
+
+* every room imports only the rooms below it (the table :data:`ALLOWED`), lazy imports inside functions included;
+* nothing but the loop, the lab and the CLI imports ``prefzoo.algos``;
+* no ``hasattr``/``getattr`` on a plugin anywhere: a plugin's needs and capabilities are declared;
+* every yaml in ``conf/`` restates no dataclass default (or it equals it and says nothing).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import prefzoo
+
+ROOT = Path(prefzoo.__file__).parent
+
+#: room -> the rooms it may import (besides itself). ``errors`` is a leaf everyone may import.
+BASE = {"errors"}
+MIDDLE = {"types", "objective", "config", "models", "data", "rollout", "rewards", "evaluation"}
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "objective": BASE,
+    "types": BASE | {"objective"},
+    "algos": BASE | {"objective", "types"},
+    "config": BASE | {"objective", "types"},
+    # models, data, rollout, rewards, evaluation: the shared vocabulary and each other, never algos or the loop
+    **{room: BASE | MIDDLE for room in ("models", "data", "rollout", "rewards", "evaluation")},
+    "training": BASE | MIDDLE | {"algos"},
+    "lab": BASE | MIDDLE | {"algos", "training"},
+    "report": BASE | MIDDLE | {"training", "lab"},
+    "cli": BASE | MIDDLE | {"algos", "training", "lab", "report"},
+    "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli"},
+    "__init__": set(),
+}
+
+
+def room_of(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def prefzoo_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported room) of every prefzoo import in ``path``, relative ones resolved."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(("prefzoo",) + path.relative_to(ROOT).parent.parts)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                names = [".".join(base + ([node.module] if node.module else []))]
+            else:
+                names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "prefzoo" and len(parts) > 1:
+                out.append((node.lineno, parts[1]))
+    return out
+
+
+def violations(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        room = room_of(path)
+        assert room in ALLOWED, f"{path.relative_to(root)}: a room the import table does not know ({room!r}); " \
+                                "add it to tests/test_architecture.py's ALLOWED on purpose"
+        for line, target in prefzoo_imports(path):
+            if target != room and target not in ALLOWED[room]:
+                found.append(f"{path.relative_to(root)}:{line} ({room}) imports prefzoo.{target}")
+    return found
+
+
+def test_every_room_imports_only_the_rooms_below_it():
+    assert violations() == []
+
+
+def test_the_import_direction_test_fails_on_a_wrong_import(tmp_path):
+    """The guard itself: a models/ module that imports the plugins is reported."""
+    pkg = tmp_path / "prefzoo"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "models" / "bad.py").write_text("def f():\n    from prefzoo.algos import REGISTRY\n")
+    (pkg / "objective").mkdir()
+    (pkg / "objective" / "x.py").write_text("from ..training import loop\n")
+    global ROOT
+    saved, ROOT = ROOT, pkg
+    try:
+        found = violations(pkg)
+    finally:
+        ROOT = saved
+    assert any("models/bad.py:2 (models) imports prefzoo.algos" in f for f in found), found
+    assert any("objective/x.py:1 (objective) imports prefzoo.training" in f for f in found), found
+
+
+PLUGIN_NAMES = ("algo", "plugin", "self.algo", "algorithm")
+
+
+def test_no_module_probes_a_plugin_with_hasattr_or_getattr():
+    """The loop provides what a plugin declares; it never asks ``hasattr(algo, ...)`` (the plugin-contract issue)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if room_of(path) == "algos":  # a plugin may read its own config's fields
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr"):
+                first = ast.unparse(node.args[0]) if node.args else ""
+                if any(first == n or first.startswith(n + ".") or first.endswith("algo") for n in PLUGIN_NAMES):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def _defaults(schema) -> dict:
+    out = {}
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _restated(node: dict, schema, where: str) -> list[str]:
+    found = []
+    defaults = _defaults(schema)
+    types = {f.name: f.type for f in dataclasses.fields(schema)}
+    for key, value in node.items():
+        if key == "defaults" or key not in defaults:
+            continue
+        default = defaults[key]
+        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+            found += _restated(value, type(default), f"{where}.{key}")
+        elif value == default and key != "name":
+            found.append(f"{where}.{key}: {value!r} equals the dataclass default ({types[key]})")
+    return found
+
+
+def test_no_yaml_in_conf_restates_a_dataclass_default():
+    """DESIGN.md: defaults live in one place (the typed config); yaml files hold only what differs."""
+    import yaml
+
+    from prefzoo.algos import REGISTRY
+    from prefzoo.config import GROUP_SCHEMAS, Config
+
+    conf = ROOT.parent / "conf"
+    found = []
+    for path in sorted(conf.rglob("*.yaml")):
+        rel = path.relative_to(conf)
+        data = yaml.safe_load(path.read_text()) or {}
+        group = rel.parts[0] if len(rel.parts) > 1 else None
+        if group == "algo" and path.stem in REGISTRY:
+            found += _restated(data, REGISTRY[path.stem].config_class, f"{rel}")
+        elif group in GROUP_SCHEMAS:
+            found += _restated(data, GROUP_SCHEMAS[group], f"{rel}")
+        elif group is None:
+            found += _restated(data, Config, f"{rel}")
+    assert found == []
+
+
+@pytest.mark.parametrize("name", ["dpo", "simpo", "grpo", "ppo", "rm", "bon"])
+def test_every_builtin_plugin_declares_its_needs(name):
+    from prefzoo.algos import REGISTRY
+    from prefzoo.algos.base import Declaration
+    from prefzoo.config import Config, resolve_objective
+
+    cls = REGISTRY[name]
+    cfg = Config(algo=cls.config_class())
+    algo = cls(cfg.algo, resolve_objective(cfg))
+    assert isinstance(algo.declaration, Declaration)
+    for capability in algo.declaration.capabilities:  # a declared capability is implemented, not the base's stub
+        method = {"implicit_rewards": "implicit_rewards", "precomputed_reference": "reference_logps",
+                  "saves_artifacts": "save_artifacts"}[capability]
+        assert getattr(type(algo), method) is not getattr(type(algo).__mro__[-2], method)
