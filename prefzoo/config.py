@@ -62,6 +62,7 @@ class ModelConfig:
     adapter_path: Optional[str] = None  # start from an already trained peft adapter
     reference: str = "auto"  # auto | adapter_disabled | copy
     gradient_checkpointing: bool = False
+    disable_dropout: bool = True  # every dropout off (as TRL's default): dropout biases ratios and KL estimates
     tiny_hidden_size: int = 64
     tiny_layers: int = 2
 

@@ -69,3 +69,26 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, total
+
+
+def disable_dropout(model: nn.Module) -> int:
+    """Turn every dropout of ``model`` off (``nn.Dropout`` p = 0, LoRA's dropout included, and the attention-
+    probability dropout that Hugging Face attention layers keep as a float ``attention_dropout``), as TRL's
+    ``disable_dropout=True`` does: in RL fine-tuning, dropout makes the log-probs of the policy at sampling time
+    and at update time differ even before any update, so the importance ratio starts away from 1 and the KL
+    estimates are biased. Returns the number of layers changed.
+    """
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and module.p:
+            module.p = 0.0
+            changed += 1
+        rate = module.__dict__.get("attention_dropout")
+        if isinstance(rate, float) and rate:
+            module.attention_dropout = 0.0
+            changed += 1
+        config = module.__dict__.get("config")  # so that copies built from the config (rollout copies) have none
+        for key in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            if isinstance(getattr(config, key, None), float) and getattr(config, key):
+                setattr(config, key, 0.0)
+    return changed

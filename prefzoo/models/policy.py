@@ -120,6 +120,17 @@ def completion_hidden(body: nn.Module, batch: SequenceBatch, share_prompts: bool
     return torch.cat([out.last_hidden_state[inverse, -1:], rest.last_hidden_state], dim=1)
 
 
+@contextlib.contextmanager
+def eval_mode(module: nn.Module):
+    """``module`` in eval mode (dropout off) for the duration; its previous mode restored after."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
 class CausalLMPolicy:
     """Policy interface over a Hugging Face causal LM.
 
@@ -212,6 +223,12 @@ class CausalLMPolicy:
               ) -> tuple[Tensor, Tensor | None]:
         """Per-token log pi_theta(completion token), Shape (B, T) float32 (0 where masked), with grad;
         and, if asked, the per-token entropy in nats (detached)."""
+        if not torch.is_grad_enabled():  # old log-probs, evaluation: never with dropout, whatever the settings
+            with eval_mode(self.model):
+                return self._logps(batch, temperature, with_entropy)
+        return self._logps(batch, temperature, with_entropy)
+
+    def _logps(self, batch: SequenceBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         model = self.model
         if self.train_forward is not None and torch.is_grad_enabled():
             model = lambda **kwargs: self.train_forward("policy", **kwargs)  # noqa: E731
@@ -264,6 +281,9 @@ class CausalLMPolicy:
         with self.autocast():
             if self.train_forward is not None and torch.is_grad_enabled():
                 return self.train_forward("value", batch)
+            if not torch.is_grad_enabled():  # old values: no dropout
+                with eval_mode(self.value_model):
+                    return self.value_model(batch)
             return self.value_model(batch)
 
     def save_value_head(self, folder: Path, extra: dict | None = None) -> Path:

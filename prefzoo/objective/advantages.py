@@ -102,16 +102,22 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
 
     if scale == "group":
         std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
-        advantages = centred / (std + eps)
+        advantages = _scaled(centred, std + eps)
     elif scale == "batch":
         if all_reduce is None:
             std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
         else:
             std = _global_std(r.reshape(-1), all_reduce)
-        advantages = centred / (std + eps)
+        advantages = _scaled(centred, std + eps)
     else:
         advantages = centred
     return advantages.reshape(-1).to(rewards.dtype)
+
+
+def _scaled(centred: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """centred / scale, with an exactly-0 advantage wherever centred is 0 (also when scale is 0: eps = 0 and a
+    constant group, where 0 / 0 would be NaN)."""
+    return torch.where(centred == 0, torch.zeros_like(centred), centred / torch.where(scale == 0, 1.0, scale))
 
 
 def _global_std(values: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

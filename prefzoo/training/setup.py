@@ -134,6 +134,15 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
         from prefzoo.models.value import build_value_model
 
         value_model = build_value_model(cfg, needs.value_head, model, device)
+    if m.disable_dropout:  # after the value model: its adapter's dropout layers too
+        from prefzoo.models.lora import disable_dropout
+
+        if m.lora.enabled and m.lora.dropout:
+            log.warning("model.lora.dropout=%s is switched off by model.disable_dropout=true (the default); set "
+                        "model.disable_dropout=false to keep it.", m.lora.dropout)
+        for module in (model, value_model):
+            if module is not None:
+                disable_dropout(module)
     gen = torch.Generator(device=device).manual_seed(cfg.trainer.seed)
     fast = m.fast
     copies = [model] + ([reference.module] if reference is not None and reference.module is not model else [])

@@ -50,6 +50,18 @@ def test_equal_rewards_give_exact_zeros(scale):
     assert (group_advantages(noisy, 4, "group", 1e-12) == 0).all()
 
 
+@pytest.mark.parametrize("rewards,group,scale", [
+    (torch.full((8,), 0.35), 8, "group"), (torch.zeros(4), 4, "group"), (torch.zeros(4), 2, "batch"),
+    (torch.full((6,), -1.0), 3, "batch"),
+])
+def test_constant_groups_give_exact_zeros_with_eps_zero(rewards, group, scale):
+    """The hardening issue: with eps = 0 a constant group has std 0, and (r - mean) / std = 0 / 0 was NaN for every
+    member (all-wrong groups are the most common ones). The advantage of a completion no better than its group's
+    mean is 0, for any eps."""
+    a = group_advantages(rewards, group, scale, 0.0)
+    assert torch.equal(a, torch.zeros_like(rewards))
+
+
 def test_close_but_really_different_rewards_are_not_zeroed():
     r = torch.tensor([0.35, 0.3501], dtype=torch.float32)
     a = group_advantages(r, 2, "group", 1e-8)
