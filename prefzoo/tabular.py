@@ -24,10 +24,9 @@ What is here:
   Bradley-Terry model of the reward, as :class:`~prefzoo.data.preference.PreferenceBatch` objects (what
   DPO and SimPO read from the real data pipeline).
 * :func:`train` — a small driver that runs any registered plugin (dpo, simpo, grpo, ppo, rm) on the bed,
-  step by step as
-  :class:`prefzoo.training.loop.Trainer` does (make_experience for online plugins; ``algo.epochs`` passes
-  of ``algo.num_minibatches`` optimizer steps, each through the shared
-  :func:`prefzoo.training.step.accumulate_gradients`; ``algo.after_step``).
+  step by step as :class:`prefzoo.training.loop.Trainer` does (make_experience for online plugins; the
+  Trainer's own optimisation step, :func:`prefzoo.training.step.optimisation_step`: ``algo.epochs`` passes of
+  ``algo.num_minibatches`` optimizer steps; ``algo.after_step``).
 
 Bradley-Terry scale. A pair (y1, y2) is labelled y1 > y2 with probability sigmoid((r(y1) - r(y2)) / s),
 ``s = bt_scale`` in reward units (default 1). DPO's derivation assumes s = 1 in the units of the reward it
@@ -36,7 +35,6 @@ regularises; with another s, DPO on these pairs targets pi_ref exp(r / (beta s))
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -45,7 +43,7 @@ from torch import Tensor, nn
 
 from prefzoo.algos.base import Algorithm, Batch, PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.objective import categorical_kl, token_entropy
-from prefzoo.training.step import accumulate_gradients
+from prefzoo.training.step import optimisation_step
 
 __all__ = ["TabularError", "TabularBandit", "TabularPolicy", "TableScorer", "PromptSource", "PairSource",
            "preference_pairs", "TrainSettings", "train", "total_variation", "kl_divergence"]
@@ -437,11 +435,11 @@ def train(algo: Algorithm, policy: TabularPolicy, data: PromptSource | PairSourc
 
     One step (as :meth:`prefzoo.training.loop.Trainer.train_step`): the next batch — ``data.next()``
     prompts turned into experience by ``algo.make_experience(policy, prompts, scorer, sampling)`` for
-    online plugins, ``data.next()`` preference pairs for offline ones; then ``algo.epochs`` passes, each
-    split into ``algo.num_minibatches`` mini-batches (shuffled with the policy's generator when more than
-    one), each one optimizer step whose gradient comes from
-    :func:`prefzoo.training.step.accumulate_gradients`; then ``algo.after_step``. The learning-rate
-    schedule counts optimizer steps (``steps * epochs * num_minibatches``).
+    online plugins, ``data.next()`` preference pairs for offline ones; then the Trainer's optimisation step,
+    :func:`prefzoo.training.step.optimisation_step`: ``algo.epochs`` passes, each split into
+    ``algo.num_minibatches`` mini-batches (shuffled with the policy's generator when more than one), each
+    one optimizer step; then ``algo.after_step``. The learning-rate schedule counts optimizer steps
+    (``steps * epochs * num_minibatches``).
 
     Differences from the Trainer, all on the optimiser side: Adam or SGD instead of AdamW with warm-up, no
     gradient clipping unless ``max_grad_norm`` is set, and the scorer is the reward table (no text).
@@ -459,34 +457,17 @@ def train(algo: Algorithm, policy: TabularPolicy, data: PromptSource | PairSourc
     params = [p for p in policy.parameters() if p.requires_grad]
     per_step = algo.epochs * algo.num_minibatches
     opt, sched = make_optimizer(params, replace(settings, steps=settings.steps * per_step))
+    shuffle = lambda rows: torch.randperm(rows, generator=policy.generator).tolist()  # noqa: E731
     history = []
     for step in range(settings.steps):
         if algo.online:
             batch, metrics = algo.make_experience(policy, data.next(), scorer, settings.sampling)
         else:
             batch, metrics = data.next(), {}
-        n = len(batch)
-        per_mb = math.ceil(n / algo.num_minibatches)
-        sums: dict[str, float] = {}
-        count = 0
-        for _ in range(algo.epochs):
-            order = (torch.randperm(n, generator=policy.generator) if algo.num_minibatches > 1 else None)
-            for start in range(0, n, per_mb):
-                mb = batch if order is None else batch.select(order[start:start + per_mb])
-                opt.zero_grad(set_to_none=True)
-                m = accumulate_gradients(algo, policy, mb, settings.micro_batch_size or len(mb))
-                if settings.max_grad_norm is not None:
-                    m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm))
-                m["lr"] = opt.param_groups[0]["lr"]
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        out = {k: v / count for k, v in sums.items()}
+        out = optimisation_step(algo, policy, batch, opt, sched, params, settings.micro_batch_size,
+                                max_grad_norm=settings.max_grad_norm, permutation=shuffle)
         out.update(metrics)
-        out.update(algo.after_step(out, n))
+        out.update(algo.after_step(out, len(batch)))
         out["beta"] = algo.beta
         history.append(out)
         if callback is not None:

@@ -46,7 +46,6 @@ import logging
 import math
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +65,9 @@ from prefzoo.training.checkpoint import (latest_checkpoint, load_trainer_state, 
 from prefzoo.training.distributed import DataParallel, TrainableModules, setup_data_parallel
 from prefzoo.training.metrics_log import MetricsLog
 from prefzoo.training.sampler import IndexSampler
-from prefzoo.training.sharding import minibatch_rows, reduce_metrics, rollout_seeds, shard_range
+from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
 from prefzoo.training.step import accumulate_gradients  # noqa: F401  (re-exported: it lives in step.py)
+from prefzoo.training.step import optimisation_step
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, correctness_function,
                                     heldout_pair_prompts, pick_device, preference_data, task_prompts)
@@ -206,29 +206,17 @@ class Trainer:
         t1 = time.perf_counter()
         n = len(batch)
         offset, n_global = self.row_layout(n)
-        per_mb = math.ceil(n_global / self.algo.num_minibatches)
         dp = self.dp
         parallel = {} if not dp.enabled else {
             "all_reduce": dp.all_reduce_sum, "loss_scale": float(dp.world_size), "placeholder": batch.select([0]),
             "no_sync": lambda: dp.no_sync(self.train_module)}
-        step_metrics: dict[str, list[float]] = defaultdict(list)
-        for _ in range(self.algo.epochs):
-            order = list(range(n_global))
-            if self.algo.num_minibatches > 1:  # one permutation of the GLOBAL rows (process 0's)
-                order = dp.broadcast_object(torch.randperm(n_global).tolist())
-            for start in range(0, n_global, per_mb):
-                mb = batch.select(minibatch_rows(order[start:start + per_mb], offset, n))
-                self.optimizer.zero_grad(set_to_none=True)
-                m = accumulate_gradients(self.algo, self.policy, mb, self.cfg.trainer.micro_batch_size, **parallel)
-                clip = self.cfg.trainer.max_grad_norm
-                m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf")))
-                m["lr"] = self.scheduler.get_last_lr()[0]
-                self.optimizer.step()
-                self.scheduler.step()
-                for k, v in m.items():
-                    step_metrics[k].append(v)
+        clip = self.cfg.trainer.max_grad_norm
+        out = optimisation_step(  # one permutation of the GLOBAL rows per pass (process 0's, broadcast)
+            self.algo, self.policy, batch, self.optimizer, self.scheduler, self.params,
+            self.cfg.trainer.micro_batch_size, max_grad_norm=clip if clip else float("inf"),
+            permutation=lambda rows: dp.broadcast_object(torch.randperm(rows).tolist()),
+            layout=(offset, n_global), parallel=parallel)
         t2 = time.perf_counter()
-        out = {k: float(np.mean(v)) for k, v in step_metrics.items()}
         out.update(metrics)
         if self.scorer is not None:
             out.update(self.scorer.last_metrics)
