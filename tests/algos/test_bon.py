@@ -9,9 +9,9 @@ import torch
 
 from prefzoo.algos.base import ObjectiveSettings, SamplingParams
 from prefzoo.algos.bon import BestOfN, BestOfNPolicy, BoNConfig
-from prefzoo.conformance import best_of_n_policy, conformance_bandit
+from prefzoo.lab.conformance import best_of_n_policy, conformance_bandit
 from prefzoo.objective import ObjectiveError, best_of_n_indices, best_of_n_kl
-from prefzoo.tabular import TableScorer, TabularBandit, TabularPolicy, kl_divergence, prompt_batch, total_variation
+from prefzoo.lab.tabular import TableScorer, TabularBandit, TabularPolicy, kl_divergence, prompt_batch, total_variation
 from tests.models.helpers import one_thread_fixture
 
 

@@ -1,7 +1,7 @@
 """One optimisation step for every trainer (prefzoo.training.step.optimisation_step).
 
 The Trainer (:meth:`prefzoo.training.loop.Trainer.train_step`) and the tabular bed's driver
-(:func:`prefzoo.tabular.train`) must run the very same epochs x mini-batches x micro-batches block: both
+(:func:`prefzoo.lab.tabular.train`) must run the very same epochs x mini-batches x micro-batches block: both
 bind the one function, each calls it once per training step, and on the same policy, batch, optimizer and
 mini-batch orders they leave bit-identical parameters.
 """
@@ -14,7 +14,7 @@ import torch
 import prefzoo.training.step as step
 from prefzoo.algos import get_algorithm
 from prefzoo.algos.base import ObjectiveSettings, SamplingParams
-from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
+from prefzoo.lab.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
                                  preference_pairs, train)
 
 REF = torch.tensor([[0.0, 1.0, -1.0, 0.5], [2.0, 0.0, 0.0, -2.0]])
@@ -72,7 +72,7 @@ def _bed_step(policy, algo):
 def test_the_trainer_and_the_bed_bind_and_call_the_one_optimisation_step(monkeypatch):
     """Both modules hold the very function of prefzoo.training.step, and one training step of each calls it
     exactly once (with the step's whole batch: 2 prompts x 4 repeats x 4 samples = 32 rows)."""
-    import prefzoo.tabular as tabular
+    import prefzoo.lab.tabular as tabular
     import prefzoo.training.loop as loop
 
     assert loop.optimisation_step is step.optimisation_step

@@ -13,9 +13,9 @@ values differ between runs are the swept settings and become the table's first c
   2024), and ``reward_vs_diversity.png`` — reward against distinct-2, one point per run;
 * with a gold reward in the evaluations (``eval.gold_reward``): ``overoptimisation.png`` and a section with
   the least-squares fits R_bon(d) = d(a - b d) and R_RL(d) = d(a - b log d) of Gao et al. 2023
-  (:mod:`prefzoo.evaluation.overoptimisation`) and where the gold reward peaks;
+  (:mod:`prefzoo.report.overoptimisation`) and where the gold reward peaks;
 
-and prints where it wrote them. :class:`prefzoo.recipes.WriteReport` runs it at the end of a Hydra multirun.
+and prints where it wrote them. :class:`prefzoo.report.callbacks.WriteReport` runs it at the end of a Hydra multirun.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def load_runs(root: Path) -> list[dict]:
     """Every run under ``root``: ``{"dir", "summary", "overrides": {key: value}, "job": bool}``, sorted by folder.
 
     ``job``: the run has Hydra's ``.hydra/overrides.yaml`` (a job of the sweep); a run without one (e.g. a
-    recipe's prerequisite run, :class:`prefzoo.recipes.TrainFirst`) is listed but does not decide which
+    recipe's prerequisite run, :class:`prefzoo.report.callbacks.TrainFirst`) is listed but does not decide which
     settings were swept."""
     runs = []
     for summary_path in sorted(Path(root).rglob("summary.json")):
@@ -332,7 +332,7 @@ def overoptimisation_points(runs: list[dict]) -> dict:
 def fit_overoptimisation(points: dict) -> list[dict]:
     """Least-squares fits (Gao et al. 2023) of gold and proxy reward: best-of-n with d(a - b d) on all BoN
     points, each RL run with d(a - b log d) on its trajectory. Rewards relative to the d = 0 baseline."""
-    from prefzoo.evaluation.overoptimisation import fit, observed_peak
+    from prefzoo.report.overoptimisation import fit, observed_peak
 
     out = []
     series = [("best-of-n", "bon", points["bon"])] + [(name, "rl", pts) for name, pts in points["rl"].items()]

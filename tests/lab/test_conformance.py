@@ -1,4 +1,4 @@
-"""Conformance: the plugins, unchanged on the tabular bed, land where theory says (prefzoo.conformance).
+"""Conformance: the plugins, unchanged on the tabular bed, land where theory says (prefzoo.lab.conformance).
 
 Expected policies come from closed forms in prefzoo.objective (optimal_policy, regularised_optimum), from
 brute-force enumeration written here, or (k2 in the reward only, which has no closed form) from a
@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from prefzoo.algos import REGISTRY
-from prefzoo.conformance import (BETA, Case, argmax_policy, best_of_n_policy, conformance_bandit, default_cases,
+from prefzoo.lab.conformance import (BETA, Case, argmax_policy, best_of_n_policy, conformance_bandit, default_cases,
                                  in_reward_fixed_point, in_reward_generator, run_case, sample_best_of_n)
 from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
-from prefzoo.tabular import kl_divergence, preference_pairs, total_variation
+from prefzoo.lab.tabular import kl_divergence, preference_pairs, total_variation
 from tests.models.helpers import one_thread_fixture
 
 SEEDS = 4
@@ -102,7 +102,7 @@ def test_best_of_n_matches_brute_force_enumeration():
 
 def test_best_of_n_kl_formula_is_an_upper_bound_reached_for_continuous_rewards():
     """KL(bon || ref) <= log n - (n-1)/n; equality in the limit of many distinct, equally likely rewards."""
-    from prefzoo.tabular import TabularBandit
+    from prefzoo.lab.tabular import TabularBandit
 
     for n in (2, 4, 16):
         bound = math.log(n) - (n - 1) / n

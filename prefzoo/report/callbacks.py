@@ -13,7 +13,7 @@ Use them from a config's ``hydra.callbacks`` (see ``recipes/``)::
     hydra:
       callbacks:
         report:
-          _target_: prefzoo.recipes.WriteReport
+          _target_: prefzoo.report.callbacks.WriteReport
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
+TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 
 
 class WriteReport(Callback):

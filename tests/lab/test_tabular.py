@@ -1,4 +1,4 @@
-"""Tests for prefzoo.tabular: the tabular policy behind the Policy protocol, the data it produces, and the
+"""Tests for prefzoo.lab.tabular: the tabular policy behind the Policy protocol, the data it produces, and the
 driver that runs plugins on it through the shared optimisation step.
 
 Expected values are written out independently (softmax, entropy, Bradley-Terry probabilities by hand).
@@ -12,7 +12,7 @@ import torch
 
 from prefzoo.algos import get_algorithm
 from prefzoo.algos.base import ObjectiveSettings, Policy, PromptBatch, SamplingParams, SequenceBatch
-from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularError, TabularPolicy,
+from prefzoo.lab.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularError, TabularPolicy,
                              TrainSettings, kl_divergence, preference_pairs, prompt_batch, total_variation, train)
 from tests.models.helpers import one_thread_fixture
 
@@ -193,7 +193,7 @@ def test_dpo_and_simpo_accept_the_pairs_unchanged():
 
 def test_driver_uses_the_shared_optimisation_step_and_the_loop_reexports_accumulate_gradients():
     """The driver's update is the Trainer's own (tests/training/test_step.py runs both and compares them)."""
-    import prefzoo.tabular as tabular
+    import prefzoo.lab.tabular as tabular
     import prefzoo.training.step as step
 
     assert tabular.optimisation_step is step.optimisation_step

@@ -1,6 +1,6 @@
 """Toy bandit playground: reward hacking, the inverted U, and pi* — in seconds on a CPU.
 
-``python -m prefzoo.toy`` trains a tabular policy (:mod:`prefzoo.tabular`) over 8 responses to one prompt
+``python -m prefzoo.lab.toy`` trains a tabular policy (:mod:`prefzoo.lab.tabular`) over 8 responses to one prompt
 with a registered algorithm plugin, unchanged (default: GRPO with the k1 penalty in the reward and
 Dr. GRPO's unscaled advantages, whose fixed point is exactly pi*; ``--algo ppo`` reaches the same points),
 against a PROXY reward, for a sweep of beta, and measures the GOLD reward of what it learned.
@@ -13,7 +13,7 @@ response 7 is the EXPLOIT: rare under pi_ref (0.6%), rated 1.2 by the proxy (the
 So pi*_beta = pi_ref exp(proxy/beta) / Z first moves mass to the good responses as beta falls, then,
 once beta is small enough to pay the KL price of the rare exploit, onto the exploit.
 
-What it shows (each is checked by ``tests/test_toy.py``):
+What it shows (each is checked by ``tests/lab/test_toy.py``):
 
 (a) the inverted U: gold reward against sqrt(KL(pi || pi_ref)) rises, peaks at an intermediate beta,
     then falls, while the proxy reward keeps rising (Gao et al. 2023; the KL penalty's teaching notes);
@@ -39,7 +39,7 @@ from torch import Tensor
 from prefzoo.algos import REGISTRY, get_algorithm
 from prefzoo.algos.base import Algorithm, ObjectiveSettings
 from prefzoo.objective import optimal_policy
-from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
+from prefzoo.lab.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
                              kl_divergence, preference_pairs, total_variation, train)
 
 BETAS = (2.0, 1.0, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05, 0.03, 0.01, 0.0)
@@ -231,7 +231,7 @@ def plot(toy: ToyBandit, points: list[Point], path: Path, algo_name: str) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefzoo.toy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m prefzoo.lab.toy", description=__doc__.split("\n")[0])
     parser.add_argument("--algo", default="grpo", help="grpo (default), ppo or dpo")
     parser.add_argument("--out-dir", default="docs", help="where toy_bandit.png and toy_bandit.md go")
     parser.add_argument("--steps", type=int, default=400)
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(toy, points, out / f"toy_bandit{suffix}.png", args.algo)
     table = markdown_table(points)
     peak = max(points, key=lambda p: p.gold)
-    command = "python -m prefzoo.toy" + ("" if args.algo == "grpo" else f" --algo {args.algo}")
+    command = "python -m prefzoo.lab.toy" + ("" if args.algo == "grpo" else f" --algo {args.algo}")
     exploit_ref = float(toy.bandit.ref_probs[0, EXPLOIT])
     doc = f"""# Toy bandit: reward hacking and the inverted U
 
