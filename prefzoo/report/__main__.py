@@ -2,4 +2,4 @@
 
 from prefzoo.report import main
 
-main()
+raise SystemExit(main())
