@@ -71,10 +71,13 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
     draw = permutation if permutation is not None else (lambda rows: torch.randperm(rows).tolist())
     parallel = dict(parallel or {})
     step_metrics: dict[str, list[float]] = defaultdict(list)
+    whole = algo.num_minibatches == 1  # each pass is one optimizer step on every row, in order: the batch itself
+    alone = (offset, n_global) == (0, n)  # one process holds every row: a mini-batch's rows are its local rows
     for _ in range(algo.epochs):
-        order = draw(n_global) if algo.num_minibatches > 1 else range(n_global)
+        order = range(n_global) if whole else draw(n_global)
         for start in range(0, n_global, per_mb):
-            mb = batch.select(minibatch_rows(order[start:start + per_mb], offset, n))
+            rows = order[start:start + per_mb]
+            mb = batch if whole else batch.select(rows if alone else minibatch_rows(rows, offset, n))
             optimizer.zero_grad(set_to_none=True)
             m = accumulate_gradients(algo, policy, mb, micro_batch_size or max(1, len(mb)), **parallel)
             if max_grad_norm is not None:

@@ -162,3 +162,23 @@ def test_orders_are_drawn_once_per_pass_over_the_global_rows():
     asked.clear()
     step.optimisation_step(algo, policy, batch, opt, None, params, None, permutation=reverse)
     assert asked == []
+
+
+def test_one_minibatch_trains_on_the_batch_itself_without_copying_its_rows(monkeypatch):
+    """With one mini-batch every pass is the whole batch in order: no row-list copy of it per pass (on the
+    conformance table's 320,000 DPO pairs such a copy doubled the run time). Measured before the fix: one
+    ``select`` with a list of all 16 rows per pass (2 here); after: only the micro-batch slices."""
+    algo = _grpo()
+    algo.cfg.num_minibatches = 1
+    policy = TabularPolicy(REF, seed=0)
+    batch, _ = algo.make_experience(policy, PromptSource(2, repeats=2).next(), TableScorer(REWARDS),
+                                    SamplingParams(temperature=1.0, max_new_tokens=1))
+    picked = []
+    original = type(batch).select
+
+    def select(self, index):
+        picked.append(index)
+        return original(self, index)
+    monkeypatch.setattr(type(batch), "select", select)
+    step.optimisation_step(algo, policy, batch, torch.optim.SGD([policy.logits], lr=0.0), None, [policy.logits], 8)
+    assert picked == [slice(0, 8), slice(8, 16)] * 2
