@@ -1,4 +1,8 @@
-"""Glue between Hydra and the training loop: typed config, logging set-up, clear errors, the run folder."""
+"""Glue between Hydra and the training loop: typed config, logging set-up, clear errors, the run folder.
+
+``python -m prefzoo.cli pairs [overrides]`` builds (or finds) the cached built-in preference pairs
+(:func:`build_pairs`).
+"""
 
 from __future__ import annotations
 
@@ -160,3 +164,55 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     dp.close()
     after = summary.get("eval_after") or {}
     return after.get("task_accuracy", after.get("task_reward"))
+
+
+def build_pairs(argv: list[str] | None = None) -> int:
+    """``python -m prefzoo.cli pairs [overrides]``: build (or find) the cached pairs and print where they are.
+
+    Takes the same overrides as ``train.py`` (e.g. ``data.pairs.num_prompts=512 reward=sentiment``). A prefzoo
+    error is printed as one line (``prefzoo: error: ...``) and the exit status is 2.
+    """
+    import json
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from prefzoo.config import register_configs
+    from prefzoo.models.loading import cache_dir, load_tokenizer
+    from prefzoo.training.setup import build_reward, pick_device, preference_data, task_prompts
+
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    register_configs()
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base=None):
+            cfg = to_typed(compose("config", overrides=list(sys.argv[1:] if argv is None else argv)))
+        tokenizer = load_tokenizer(cfg.model.name)
+        train, held = task_prompts(cfg, tokenizer)
+        data, stats = preference_data(cfg, tokenizer, build_reward(cfg), train, held, pick_device(cfg.trainer.device))
+    except (PrefzooError, HydraException) as err:  # a bad override or value: one line, no traceback
+        print("prefzoo: error: " + "; ".join(line.strip() for line in str(err).splitlines() if line.strip()),
+              file=sys.stderr)
+        return 2
+    print(json.dumps(stats, indent=2))
+    print(f"{len(data.train)} train pairs, {len(data.eval)} held-out pairs, cached in {cache_dir() / 'pairs'}")
+    return 0
+
+
+#: ``python -m prefzoo.cli COMMAND [overrides]``
+COMMANDS = {"pairs": build_pairs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m prefzoo.cli COMMAND [overrides]`` (training itself is ``python train.py [overrides]``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        got = f"got {argv[0]!r}" if argv else "got none"
+        print(f"prefzoo: error: python -m prefzoo.cli needs a command: {', '.join(COMMANDS)} ({got}); "
+              "e.g. `python -m prefzoo.cli pairs data.pairs.num_prompts=64`", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

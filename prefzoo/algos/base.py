@@ -22,8 +22,9 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
 ``after_step``                 once per step, with the step's metrics (adapt beta); returns extra metrics
 ``evaluation_policy``          the policy the shared evaluation measures (best-of-n: its own procedure)
 ``implicit_rewards``           capability ``implicit_rewards``: held-out pair ranking
-``reference_logps``            capability ``precomputed_reference``: summed reference log-probs of pairs,
-                               which the loop computes once before training
+``reference_logps``            capability ``precomputed_reference``: summed reference log-probs of pairs
+                               (batches may carry them); with ``precompute_reference`` the loop computes
+                               them once before training
 ``save_artifacts``             capability ``saves_artifacts``: write a model of its own (the reward model)
 ``state_dict``/``load_state``  what a checkpoint keeps of the plugin (its KL controller)
 =============================  ======================================================================
@@ -96,6 +97,8 @@ class Declaration:
         num_minibatches: optimizer steps per pass.
         num_samples: completions sampled per prompt (G) by an online plugin (0: none); the evaluation's pass@k.
         capabilities: the optional methods implemented, a subset of :data:`CAPABILITIES`.
+        precompute_reference: the loop computes the pairs' reference log-probs once before training and hands
+            them in on the batches (needs the capability ``precomputed_reference``).
         progress_keys: metrics shown on the progress bar.
     """
 
@@ -110,6 +113,7 @@ class Declaration:
     num_minibatches: int = 1
     num_samples: int = 0
     capabilities: frozenset[str] = frozenset()
+    precompute_reference: bool = False
     progress_keys: tuple[str, ...] = ("loss",)
 
     def __post_init__(self) -> None:
@@ -123,6 +127,8 @@ class Declaration:
         unknown = set(self.capabilities) - set(CAPABILITIES)
         if unknown:
             raise PluginError(f"declaration: unknown capabilities {sorted(unknown)}; valid: {', '.join(CAPABILITIES)}")
+        if self.precompute_reference and "precomputed_reference" not in self.capabilities:
+            raise PluginError("declaration: precompute_reference needs the capability 'precomputed_reference'")
         if self.epochs < 1 or self.num_minibatches < 1:
             raise PluginError(f"declaration: epochs={self.epochs} and num_minibatches={self.num_minibatches} must be >= 1")
 

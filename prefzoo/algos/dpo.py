@@ -75,8 +75,9 @@ class DPO(Algorithm):
                               "beta=0 has no optimum).")
 
     def declare(self) -> Declaration:
-        caps = {"implicit_rewards"} | ({"precomputed_reference"} if self.cfg.precompute_ref_logps else set())
-        return Declaration(reference=True, aggregation="example_mean", capabilities=frozenset(caps),
+        return Declaration(reference=True, aggregation="example_mean",
+                           capabilities=frozenset({"implicit_rewards", "precomputed_reference"}),
+                           precompute_reference=self.cfg.precompute_ref_logps,
                            progress_keys=("loss", "rewards/accuracies", "rewards/margins"))
 
     @property

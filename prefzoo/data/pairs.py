@@ -6,8 +6,8 @@ whose samples the verifier tells apart: ``chosen`` is a best-scored sample that 
 ``rejected`` a worst-scored one, and chosen must score strictly higher (ties broken at random, seeded). Rows are written in the standard conversational preference format, so the result is
 an ordinary dataset any preference algorithm (or a user's script) can read.
 
-Run once with ``python -m prefzoo.data.pairs`` (same overrides as ``train.py``); ``train.py`` builds it on
-first use and caches it under ``$PREFZOO_CACHE/pairs``.
+Run once with ``python -m prefzoo.cli pairs`` (same overrides as ``train.py``; :func:`prefzoo.cli.build_pairs`);
+``train.py`` builds it on first use and caches it under ``$PREFZOO_CACHE/pairs``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -135,8 +136,8 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     for name, prompts, n, path in (("train", train_prompts, p.num_prompts, train_path),
                                    ("eval", eval_prompts, p.eval_prompts, eval_path)):
         log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
-                 p.num_samples)
-        rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.num_samples, params,
+                 p.samples_per_prompt)
+        rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.samples_per_prompt, params,
                                    p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress,
                                    require_finished=getattr(p, "require_finished", True))
         write_jsonl(path, rows)
@@ -147,30 +148,6 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     return train_path, eval_path, stats
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m prefzoo.data.pairs [overrides]``: build (or find) the cached pairs and print where they are.
-
-    Takes the same overrides as ``train.py`` (e.g. ``data.pairs.num_prompts=512 reward=sentiment``).
-    """
-    import sys
-
-    from hydra import compose, initialize_config_dir
-
-    from prefzoo.cli import register_configs, to_typed
-    from prefzoo.models.loading import cache_dir, load_tokenizer
-    from prefzoo.training.setup import build_reward, pick_device, preference_data, task_prompts
-
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    register_configs()
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
-        cfg = to_typed(compose("config", overrides=list(sys.argv[1:] if argv is None else argv)))
-    tokenizer = load_tokenizer(cfg.model.name)
-    train, held = task_prompts(cfg, tokenizer)
-    data, stats = preference_data(cfg, tokenizer, build_reward(cfg), train, held, pick_device(cfg.trainer.device))
-    print(json.dumps(stats, indent=2))
-    print(f"{len(data.train)} train pairs, {len(data.eval)} held-out pairs, cached in {cache_dir() / 'pairs'}")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the command line lives in prefzoo.cli (importing it here would make an import circle)
+    print("prefzoo: error: this command moved: run `python -m prefzoo.cli pairs [overrides]`", file=sys.stderr)
+    raise SystemExit(2)

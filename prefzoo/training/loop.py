@@ -46,7 +46,6 @@ import logging
 import math
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +66,8 @@ from prefzoo.training.checkpoint import (latest_checkpoint, load_trainer_state, 
 from prefzoo.training.distributed import DataParallel, TrainableModules, setup_data_parallel
 from prefzoo.training.metrics_log import MetricsLog
 from prefzoo.training.sampler import IndexSampler
-from prefzoo.training.sharding import minibatch_rows, reduce_metrics, rollout_seeds, shard_range
-from prefzoo.training.step import accumulate_gradients, mean_metrics
+from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
+from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, correctness_function,
                                     heldout_pair_prompts, pick_device, preference_data, task_prompts)
@@ -147,7 +146,7 @@ class Trainer:
         self.algo.all_reduce = self.dp.all_reduce_sum if self.dp.enabled else None
         n_rows = len(self.prefs.train) if self.prefs is not None else len(self.train_prompts)
         self.sampler = IndexSampler(n_rows, t.batch_size, t.seed)
-        self.ref_cache = self.precompute_reference() if self.needs.has("precomputed_reference") else None
+        self.ref_cache = self.precompute_reference() if self.needs.precompute_reference else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.policy.value_model is not None:
             self.params += [p for p in self.policy.value_model.parameters() if p.requires_grad
@@ -200,7 +199,7 @@ class Trainer:
 
     @torch.no_grad()
     def precompute_reference(self) -> dict[int, tuple[float, float]]:
-        """Summed reference log-probs of every training pair, computed once (capability ``precomputed_reference``)."""
+        """Summed reference log-probs of every training pair, computed once (declared ``precompute_reference``)."""
         cache: dict[int, tuple[float, float]] = {}
         size = self.cfg.trainer.micro_batch_size
         mine = list(range(self.dp.rank, len(self.prefs.train), self.dp.world_size))  # every process computes a share
@@ -229,42 +228,26 @@ class Trainer:
         t1 = time.perf_counter()
         n = len(batch)
         offset, n_global = self.row_layout(n)
-        epochs, num_minibatches = self.needs.epochs, self.needs.num_minibatches
-        per_mb = math.ceil(n_global / num_minibatches)
         dp = self.dp
         parallel = {} if not dp.enabled else {
             "all_reduce": dp.all_reduce_sum, "loss_scale": float(dp.world_size), "placeholder": batch.select([0]),
             "no_sync": lambda: dp.no_sync(self.train_module)}
-        pairs: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (sum, count) over every optimizer step
-        per_update: dict[str, list[float]] = defaultdict(list)  # grad_norm, lr: one value per optimizer step
-        for _ in range(epochs):
-            order = list(range(n_global))
-            if num_minibatches > 1:  # one permutation of the GLOBAL rows (process 0's)
-                order = dp.broadcast_object(torch.randperm(n_global).tolist())
-            for start in range(0, n_global, per_mb):
-                mb = batch.select(minibatch_rows(order[start:start + per_mb], offset, n))
-                self.optimizer.zero_grad(set_to_none=True)
-                m = accumulate_gradients(self.algo, self.policy, mb, self.cfg.trainer.micro_batch_size, **parallel)
-                clip = self.cfg.trainer.max_grad_norm
-                per_update["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(self.params,
-                                                                                     clip if clip else float("inf"))))
-                per_update["lr"].append(self.scheduler.get_last_lr()[0])
-                self.optimizer.step()
-                self.scheduler.step()
-                for k, (v, c) in m.items():
-                    pairs[k][0] += v
-                    pairs[k][1] += c
+        clip = self.cfg.trainer.max_grad_norm
+        pairs = optimisation_step(  # one permutation of the GLOBAL rows per pass (process 0's, broadcast)
+            self.algo, self.policy, batch, self.optimizer, self.scheduler, self.params,
+            self.cfg.trainer.micro_batch_size, max_grad_norm=clip if clip else float("inf"),
+            permutation=lambda rows: dp.broadcast_object(torch.randperm(rows).tolist()),
+            layout=(offset, n_global), parallel=parallel)
         t2 = time.perf_counter()
         out = dict(metrics)  # the rollout's (per-row means over this process's rows)
         if self.scorer is not None:
             out.update(self.scorer.last_metrics)
         out.update({"time/step": t2 - t0, "time/update": t2 - t1, "time/experience": t1 - t0,
-                    "tokens_per_second": batch.num_tokens() * epochs / max(t2 - t1, 1e-9)})
+                    "tokens_per_second": batch.num_tokens() * self.needs.epochs / max(t2 - t1, 1e-9)})
         if dp.enabled:  # global metrics (the same on every process, so after_step adapts beta alike everywhere)
             out = reduce_metrics(dp.gather_objects((n, out)))
             pairs = global_pairs(dp.gather_objects(dict(pairs)))
         out.update(mean_metrics(pairs))  # per-token metrics: token means of the global batch (sums / counts)
-        out.update({k: float(np.mean(v)) for k, v in per_update.items()})
         out.update(self.algo.after_step(out, n_global))
         out["beta"] = self.algo.beta
         return out

@@ -1,19 +1,27 @@
-"""One optimizer step's gradients from one batch: the function every trainer shares.
+"""One training step's optimisation, and one optimizer step's gradients: the functions every trainer shares.
 
-:func:`accumulate_gradients` is the whole contract between the training loop and an algorithm plugin: it
-splits a (mini-)batch into micro-batches, asks the plugin for per-token or per-example losses, reduces them
-with the one global normaliser (:func:`prefzoo.objective.aggregate_loss`) and backpropagates. It lives in
-its own small module (it imports only torch, the plugin base and the objective layer) so that light
-drivers — the tabular conformance test bed (:mod:`prefzoo.tabular`) and the toy bandit — run the very same
-code as :class:`prefzoo.training.loop.Trainer` without importing models, tokenizers or datasets.
-``prefzoo.training.loop`` re-exports it.
+* :func:`optimisation_step` — ``algo.epochs`` passes over a batch, each split into ``algo.num_minibatches``
+  mini-batches; each mini-batch is one optimizer step (zero the gradients, accumulate them, clip, step the
+  optimizer and the learning-rate schedule). :meth:`prefzoo.training.loop.Trainer.train_step` and the tabular
+  bed's driver (:func:`prefzoo.lab.tabular.train`) both call it: they differ only in where the batch and the
+  mini-batch orders come from, and in the optimizer they pass.
+* :func:`accumulate_gradients` — the whole contract between the training loop and an algorithm plugin: it
+  splits a (mini-)batch into micro-batches, asks the plugin for per-token or per-example losses, reduces them
+  with the one global normaliser (:func:`prefzoo.objective.aggregate_loss`) and backpropagates.
+
+They live in their own small module (it imports only torch, numpy, the plugin base, the objective layer and
+:mod:`prefzoo.training.sharding`) so that light drivers — the tabular conformance test bed and the toy bandit
+(:mod:`prefzoo.lab`) — run the very same code as :class:`prefzoo.training.loop.Trainer` without importing
+models, tokenizers or datasets. ``prefzoo.training.loop`` re-exports :func:`accumulate_gradients`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
-from typing import Callable, ContextManager
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -21,13 +29,83 @@ from prefzoo.algos.base import Algorithm
 
 from prefzoo.types import Batch
 from prefzoo.objective import aggregate_loss
+from prefzoo.training.sharding import minibatch_rows
 
-__all__ = ["accumulate_gradients", "mean_metrics"]
+__all__ = ["optimisation_step", "accumulate_gradients", "mean_metrics", "add_pairs"]
 
 
-def mean_metrics(pairs: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """``{name: sum / count}`` of :func:`accumulate_gradients`' pairs (``loss`` is a total: count 1)."""
+def mean_metrics(pairs: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """``{name: sum / count}`` of (sum, count) metric pairs (:func:`accumulate_gradients`, :func:`optimisation_step`)."""
     return {k: (v / n if n else 0.0) for k, (v, n) in pairs.items()}
+
+
+def add_pairs(total: dict[str, list[float]], pairs: Mapping[str, Sequence[float]]) -> None:
+    """Add (sum, count) metric pairs into ``total``, in place."""
+    for k, (v, n) in pairs.items():
+        acc = total.setdefault(k, [0.0, 0.0])
+        acc[0] += float(v)
+        acc[1] += float(n)
+
+
+def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.optim.Optimizer, scheduler,
+                      params: Sequence[torch.Tensor], micro_batch_size: int | None, *,
+                      max_grad_norm: float | None = None,
+                      permutation: Callable[[int], Sequence[int]] | None = None,
+                      layout: tuple[int, int] | None = None,
+                      parallel: Mapping[str, Any] | None = None) -> dict[str, list[float]]:
+    """One training step's updates on ``batch``: the declared ``epochs`` passes x ``num_minibatches`` optimizer steps.
+
+    Each pass splits the (global) rows into ``num_minibatches`` mini-batches of ceil(N / num_minibatches)
+    rows, in a fresh order ``permutation(N)`` when there is more than one mini-batch (in row order otherwise).
+    Each mini-batch is one optimizer step: ``optimizer.zero_grad``, :func:`accumulate_gradients` over
+    micro-batches of ``micro_batch_size`` rows, gradient clipping, ``optimizer.step()``, ``scheduler.step()``.
+
+    Args:
+        params: the trained parameters (clipped together).
+        micro_batch_size: rows per forward/backward; None: each mini-batch at once.
+        max_grad_norm: clip the gradients' global norm to it and report ``grad_norm`` (``float("inf")``:
+            measure without clipping); None: neither clip nor measure.
+        scheduler: a learning-rate scheduler stepped after every optimizer step, or None (a constant rate).
+        permutation: ``n -> a permutation of range(n)`` (a list of ints), drawn once per pass when
+            ``num_minibatches > 1`` (default: ``torch.randperm(n)`` from torch's global generator).
+            Data parallel: every process must receive the same one (the Trainer broadcasts process 0's).
+        layout: data parallelism: (offset of this process's first row among the global rows, number of global
+            rows); mini-batches are cut from the global rows and each process takes the rows it holds
+            (:func:`prefzoo.training.sharding.minibatch_rows`). Default: (0, len(batch)), one process.
+        parallel: keyword arguments for :func:`accumulate_gradients` (``all_reduce``, ``loss_scale``,
+            ``no_sync``, ``placeholder``).
+
+    Returns:
+        ``{name: [sum, count]}`` over every optimizer step of the step: the plugin's metrics as
+        :func:`accumulate_gradients` pairs them (per-row means weighted by rows, per-token sums with token counts),
+        ``loss`` (one count per optimizer step), ``lr`` (the rate each step used) and ``grad_norm`` (before clipping,
+        when ``max_grad_norm`` is set), one count per optimizer step. :func:`mean_metrics` divides; under data
+        parallelism the pairs are added over processes first (:func:`prefzoo.training.loop.global_pairs`).
+    """
+    n = len(batch)
+    d = algo.declaration
+    offset, n_global = layout if layout is not None else (0, n)
+    per_mb = math.ceil(n_global / d.num_minibatches)
+    draw = permutation if permutation is not None else (lambda rows: torch.randperm(rows).tolist())
+    parallel = dict(parallel or {})
+    totals: dict[str, list[float]] = {}
+    whole = d.num_minibatches == 1  # each pass is one optimizer step on every row, in order: the batch itself
+    alone = (offset, n_global) == (0, n)  # one process holds every row: a mini-batch's rows are its local rows
+    for _ in range(d.epochs):
+        order = range(n_global) if whole else draw(n_global)
+        for start in range(0, n_global, per_mb):
+            rows = order[start:start + per_mb]
+            mb = batch if whole else batch.select(rows if alone else minibatch_rows(rows, offset, n))
+            optimizer.zero_grad(set_to_none=True)
+            m = accumulate_gradients(algo, policy, mb, micro_batch_size or max(1, len(mb)), **parallel)
+            if max_grad_norm is not None:
+                m["grad_norm"] = (float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)), 1.0)
+            m["lr"] = (scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"], 1.0)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            add_pairs(totals, m)
+    return totals
 
 
 def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size: int, all_reduce=None,

@@ -9,9 +9,10 @@ import torch
 
 from prefzoo.types import ObjectiveSettings, SamplingParams
 from prefzoo.algos.bon import BestOfN, BestOfNPolicy, BoNConfig
-from prefzoo.conformance import best_of_n_policy, conformance_bandit
+from prefzoo.lab.conformance import conformance_bandit
+from prefzoo.lab.oracles import best_of_n_policy
 from prefzoo.objective import ObjectiveError, best_of_n_indices, best_of_n_kl
-from prefzoo.tabular import TableScorer, TabularBandit, TabularPolicy, kl_divergence, prompt_batch, total_variation
+from prefzoo.lab.tabular import TableScorer, TabularBandit, TabularPolicy, kl_divergence, prompt_batch, total_variation
 from tests.models.helpers import one_thread_fixture
 
 
@@ -33,7 +34,7 @@ def test_analytic_kl_values():
 
 
 def test_analytic_kl_is_exact_without_ties_and_an_upper_bound_with_them():
-    """The exact KL of the best-of-n distribution (conformance.best_of_n_policy, P(best at level v) =
+    """The exact KL of the best-of-n distribution (oracles.best_of_n_policy, P(best at level v) =
     F(v)^n - F(v-)^n) approaches log n - (n-1)/n as the reward gets continuous (K = 4000 distinct rewards under a
     uniform reference: within 2e-3 nats), and is far below it with a 0/1 reward: with P(1) = 1/2 under pi_ref,
     best-of-n answers 1 with probability q = 1 - 2^-n, so KL = q log(2q) + (1-q) log(2(1-q)) (n = 16: 0.693 vs

@@ -96,7 +96,7 @@ def test_overoptimisation_section_fits_known_coefficients(tmp_path):
     """Best-of-n points on gold = 0.2 + d(0.8 - 0.3 d) (n = 1..64, d = sqrt(log n - (n-1)/n)) and one RL trajectory on
     gold = 0.2 + d(0.5 - 0.4 log d): the report recovers a, b, the peaks (bon d* = 4/3; rl d* = e^(0.25) = 1.284) and
     draws overoptimisation.png; a reward-model run in the folder (no .hydra) is listed but not fitted."""
-    from prefzoo.evaluation.overoptimisation import predict
+    from prefzoo.report.overoptimisation import predict
     from prefzoo.objective import best_of_n_kl
 
     for n in (1, 2, 4, 8, 16, 64):
@@ -161,7 +161,7 @@ def test_recipe_composes_and_every_sweep_point_validates(name, tmp_path):
 
     cfg = _compose([f"+recipe={name}"])
     assert f"multirun/{name}/" in cfg.hydra.sweep.dir
-    assert cfg.hydra.callbacks.report._target_ == "prefzoo.recipes.WriteReport"
+    assert cfg.hydra.callbacks.report._target_ == "prefzoo.report.callbacks.WriteReport"
     params = dict(cfg.hydra.sweeper.params)
     assert params, "a recipe sweeps something"
     grid = [[f"{k}={v.strip()}" for v in str(values).split(",")] for k, values in params.items()]

@@ -1,6 +1,6 @@
 """Toy bandit playground: reward hacking, the inverted U, and pi* — in seconds on a CPU.
 
-``python -m prefzoo.toy`` trains a tabular policy (:mod:`prefzoo.tabular`) over 8 responses to one prompt
+``python -m prefzoo.lab.toy`` trains a tabular policy (:mod:`prefzoo.lab.tabular`) over 8 responses to one prompt
 with a registered algorithm plugin, unchanged (default: GRPO with the k1 penalty in the reward and
 Dr. GRPO's unscaled advantages, whose fixed point is exactly pi*; ``--algo ppo`` reaches the same points),
 against a PROXY reward, for a sweep of beta, and measures the GOLD reward of what it learned.
@@ -13,7 +13,7 @@ response 7 is the EXPLOIT: rare under pi_ref (0.6%), rated 1.2 by the proxy (the
 So pi*_beta = pi_ref exp(proxy/beta) / Z first moves mass to the good responses as beta falls, then,
 once beta is small enough to pay the KL price of the rare exploit, onto the exploit.
 
-What it shows (each is checked by ``tests/test_toy.py``):
+What it shows (each is checked by ``tests/lab/test_toy.py``):
 
 (a) the inverted U: gold reward against sqrt(KL(pi || pi_ref)) rises, peaks at an intermediate beta,
     then falls, while the proxy reward keeps rising (Gao et al. 2023; the KL penalty's teaching notes);
@@ -36,17 +36,26 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from prefzoo.algos import REGISTRY, get_algorithm
+from prefzoo.algos import REGISTRY
 from prefzoo.algos.base import Algorithm
-from prefzoo.types import ObjectiveSettings
+from prefzoo.lab.oracles import argmax_policy
+from prefzoo.lab.runner import build_algorithm, train_replicas
+from prefzoo.lab.tabular import TabularBandit, kl_divergence, total_variation
 from prefzoo.objective import optimal_policy
-from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
-                             kl_divergence, preference_pairs, total_variation, train)
 
 BETAS = (2.0, 1.0, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05, 0.03, 0.01, 0.0)
 EXPLOIT = 7
 TV_TOLERANCE = 0.02  # claim (c); measured residuals are ~1e-3 (see docs/toy_bandit.md)
 REPLICAS = 4
+SAMPLES_PER_PROMPT = 512  # online: responses per step and replica (32 groups of 16)
+PAIRS_PER_PROMPT = 20000  # offline (dpo): Bradley-Terry pairs of the proxy per replica
+
+#: the plugins the toy runs: (config overrides, objective fields) whose fixed point is pi*_beta
+SETTINGS = {
+    "grpo": (dict(num_samples=16, scale_rewards="none"), dict(kl_estimator="k1", kl_placement="in_reward")),
+    "ppo": (dict(num_samples=16), dict(kl_estimator="k1", kl_placement="in_reward")),
+    "dpo": ({}, {}),
+}
 
 
 @dataclass
@@ -72,46 +81,28 @@ def toy_bandit() -> ToyBandit:
 
 def closed_form(toy: ToyBandit, beta: float) -> Tensor:
     """pi*_beta for the proxy, Shape (1, K); at beta = 0 the proxy's argmax (pi_ref restricted to it)."""
-    ref, r = toy.bandit.ref_probs, toy.proxy
     if beta > 0:
-        return optimal_policy(ref, r, beta)
-    top = torch.where(r == r.amax(-1, keepdim=True), ref, torch.zeros_like(ref))
-    return top / top.sum(-1, keepdim=True)
+        return optimal_policy(toy.bandit.ref_probs, toy.proxy, beta)
+    return argmax_policy(toy.bandit)
 
 
 def make_algorithm(name: str, beta: float) -> Algorithm:
-    """The plugin ``name`` set up to optimise E[proxy] - beta KL(pi || pi_ref) with target pi*_beta."""
-    cls = get_algorithm(name)
-    if name == "grpo":
-        cfg = cls.config_class(num_generations=16, scale_rewards="none")
-        objective = ObjectiveSettings(beta=beta, kl_estimator="k1", kl_placement="in_reward")
-    elif name == "ppo":
-        cfg = cls.config_class(num_samples=16)
-        objective = ObjectiveSettings(beta=beta, kl_estimator="k1", kl_placement="in_reward")
-    elif name == "dpo":
-        cfg = cls.config_class()
-        objective = ObjectiveSettings(beta=beta)
-    else:
-        raise ValueError(f"the toy runs grpo, ppo or dpo (have: {', '.join(sorted(REGISTRY))}), not {name!r}")
-    return cls(cfg, objective)
+    """The plugin ``name`` set up to optimise E[proxy] - beta KL(pi || pi_ref) with target pi*_beta (:data:`SETTINGS`)."""
+    if name not in SETTINGS:
+        raise ValueError(f"the toy runs {', '.join(SETTINGS)} (have: {', '.join(sorted(REGISTRY))}), not {name!r}")
+    config, objective = SETTINGS[name]
+    return build_algorithm(name, config, objective, beta)
 
 
 def train_toy(toy: ToyBandit, beta: float, algo_name: str = "grpo", replicas: int = REPLICAS, seed: int = 0,
               steps: int = 400, lr: float = 0.2) -> Tensor:
-    """Train ``replicas`` independent policies (stacked rows) at ``beta``; returns them, Shape (replicas, K)."""
+    """Train ``replicas`` independent policies (stacked rows) at ``beta`` with the lab's runner
+    (:func:`prefzoo.lab.runner.train_replicas`); returns them, Shape (replicas, K)."""
     if algo_name == "dpo" and beta == 0:
         raise ValueError("DPO has no beta = 0 (the implicit reward is beta log pi/pi_ref)")
     algo = make_algorithm(algo_name, beta)
-    tiled = toy.bandit.tile(replicas)
-    policy = TabularPolicy(tiled.ref_logits, with_reference=algo.needs_reference,
-                           value_head=algo.needs_value_head, seed=seed)
-    settings = TrainSettings(steps=steps, lr=lr)
-    if algo.online:
-        train(algo, policy, PromptSource(tiled.num_prompts, repeats=32), settings, scorer=TableScorer(tiled.rewards))
-    else:
-        pairs = preference_pairs(tiled, 20000, torch.Generator().manual_seed(seed + 1))
-        train(algo, policy, PairSource(pairs), settings)
-    return policy.probs()
+    return train_replicas(algo, toy.bandit, replicas, seed, steps, lr, samples_per_prompt=SAMPLES_PER_PROMPT,
+                          pairs_per_prompt=PAIRS_PER_PROMPT).probs()
 
 
 @dataclass
@@ -232,7 +223,7 @@ def plot(toy: ToyBandit, points: list[Point], path: Path, algo_name: str) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefzoo.toy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m prefzoo.lab.toy", description=__doc__.split("\n")[0])
     parser.add_argument("--algo", default="grpo", help="grpo (default), ppo or dpo")
     parser.add_argument("--out-dir", default="docs", help="where toy_bandit.png and toy_bandit.md go")
     parser.add_argument("--steps", type=int, default=400)
@@ -249,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(toy, points, out / f"toy_bandit{suffix}.png", args.algo)
     table = markdown_table(points)
     peak = max(points, key=lambda p: p.gold)
-    command = "python -m prefzoo.toy" + ("" if args.algo == "grpo" else f" --algo {args.algo}")
+    command = "python -m prefzoo.lab.toy" + ("" if args.algo == "grpo" else f" --algo {args.algo}")
     exploit_ref = float(toy.bandit.ref_probs[0, EXPLOIT])
     doc = f"""# Toy bandit: reward hacking and the inverted U
 

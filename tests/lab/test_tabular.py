@@ -1,5 +1,5 @@
-"""Tests for prefzoo.tabular: the tabular policy behind the Policy protocol, the data it produces, and the
-driver that runs plugins on it through the shared accumulate_gradients.
+"""Tests for prefzoo.lab.tabular: the tabular policy behind the Policy protocol, the data it produces, and the
+driver that runs plugins on it through the shared optimisation step.
 
 Expected values are written out independently (softmax, entropy, Bradley-Terry probabilities by hand).
 """
@@ -12,7 +12,7 @@ import torch
 
 from prefzoo.algos import get_algorithm
 from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, SequenceBatch
-from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularError, TabularPolicy,
+from prefzoo.lab.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularError, TabularPolicy,
                              TrainSettings, kl_divergence, preference_pairs, prompt_batch, total_variation, train)
 from tests.models.helpers import one_thread_fixture
 
@@ -191,16 +191,17 @@ def test_dpo_and_simpo_accept_the_pairs_unchanged():
         assert float(policy.logits.grad.abs().sum()) > 0
 
 
-def test_driver_uses_the_shared_accumulate_gradients_and_the_loop_reexports_it():
-    import prefzoo.tabular as tabular
+def test_driver_uses_the_shared_optimisation_step_and_the_loop_reexports_accumulate_gradients():
+    """The driver's update is the Trainer's own (tests/training/test_step.py runs both and compares them)."""
+    import prefzoo.lab.tabular as tabular
     import prefzoo.training.step as step
 
-    assert tabular.accumulate_gradients is step.accumulate_gradients
-    # the training loop must run the very same function (checked on the source: importing the loop loads
+    assert tabular.optimisation_step is step.optimisation_step
+    # the training loop must run the very same functions (checked on the source: importing the loop loads
     # transformers, ~10 s)
     loop_src = (Path(step.__file__).parent / "loop.py").read_text()
     assert "from prefzoo.training.step import accumulate_gradients" in loop_src
-    assert "def accumulate_gradients" not in loop_src
+    assert "def accumulate_gradients" not in loop_src and "def optimisation_step" not in loop_src
 
 
 def test_driver_online_offline_and_after_step(monkeypatch):

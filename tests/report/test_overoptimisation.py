@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from prefzoo.evaluation.overoptimisation import fit, observed_peak, predict
+from prefzoo.report.overoptimisation import fit, observed_peak, predict
 
 
 def test_forms_by_hand():

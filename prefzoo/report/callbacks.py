@@ -13,7 +13,7 @@ Use them from a config's ``hydra.callbacks`` (see ``recipes/``)::
     hydra:
       callbacks:
         report:
-          _target_: prefzoo.recipes.WriteReport
+          _target_: prefzoo.report.callbacks.WriteReport
 """
 
 from __future__ import annotations
@@ -30,19 +30,20 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
+TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 
 
 class WriteReport(Callback):
     """Write the sweep's report (``report.md`` + plots) into the sweep folder when a multirun ends."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from prefzoo.errors import PrefzooError
         from prefzoo.report import write_report
 
         root = Path(config.hydra.sweep.dir)
         try:
             result = write_report(root)
-        except SystemExit as err:  # no finished run: say so, do not hide the sweep's own outcome
+        except PrefzooError as err:  # no finished run: say so, do not hide the sweep's own outcome
             print(f"[prefzoo] no report: {err}", flush=True)
             return
         print(f"[prefzoo] report of {result['runs']} runs: {result['report']}", flush=True)

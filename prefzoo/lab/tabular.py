@@ -1,7 +1,7 @@
 """A tabular test bed: the algorithm plugins, unchanged, on a policy that is a table of logits.
 
 A *bandit* has P prompts and K responses per prompt, a known reference policy pi_ref (a table of logits)
-and a known reward table r. Every response is a single token, so a :class:`~prefzoo.algos.base.SequenceBatch`
+and a known reward table r. Every response is a single token, so a :class:`~prefzoo.types.SequenceBatch`
 row is ``prompt_ids (B, 1)`` = the prompt index and ``completion_ids (B, 1)`` = the response index, with all
 masks True. On it the closed forms of :mod:`prefzoo.objective` are exact targets: pi* = pi_ref exp(r/beta)/Z
 (:func:`~prefzoo.objective.optimal_policy`), the f-divergence optima
@@ -24,10 +24,9 @@ What is here:
   Bradley-Terry model of the reward, as :class:`~prefzoo.data.preference.PreferenceBatch` objects (what
   DPO and SimPO read from the real data pipeline).
 * :func:`train` — a small driver that runs any registered plugin (dpo, simpo, grpo, ppo, rm) on the bed,
-  step by step as
-  :class:`prefzoo.training.loop.Trainer` does (make_experience for online plugins; ``algo.epochs`` passes
-  of ``algo.num_minibatches`` optimizer steps, each through the shared
-  :func:`prefzoo.training.step.accumulate_gradients`; ``algo.after_step``).
+  step by step as :class:`prefzoo.training.loop.Trainer` does (make_experience for online plugins; the
+  Trainer's own optimisation step, :func:`prefzoo.training.step.optimisation_step`: ``algo.epochs`` passes of
+  ``algo.num_minibatches`` optimizer steps; ``algo.after_step``).
 
 Bradley-Terry scale. A pair (y1, y2) is labelled y1 > y2 with probability sigmoid((r(y1) - r(y2)) / s),
 ``s = bt_scale`` in reward units (default 1). DPO's derivation assumes s = 1 in the units of the reward it
@@ -36,7 +35,6 @@ regularises; with another s, DPO on these pairs targets pi_ref exp(r / (beta s))
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -45,15 +43,16 @@ from torch import Tensor, nn
 
 from prefzoo.algos.base import Algorithm
 
+from prefzoo.errors import PrefzooError
 from prefzoo.types import Batch, PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.objective import categorical_kl, token_entropy
-from prefzoo.training.step import accumulate_gradients
+from prefzoo.training.step import mean_metrics, optimisation_step
 
 __all__ = ["TabularError", "TabularBandit", "TabularPolicy", "TableScorer", "PromptSource", "PairSource",
            "preference_pairs", "TrainSettings", "train", "total_variation", "kl_divergence"]
 
 
-class TabularError(ValueError):
+class TabularError(PrefzooError, ValueError):
     """A batch or setting the tabular test bed cannot handle; the message says what to change."""
 
 
@@ -128,6 +127,9 @@ class TabularPolicy(nn.Module):
     Batches: ``prompt_ids (B, L)`` left-padded, whose LAST column is the prompt index (0..P-1);
     ``completion_ids (B, 1)``, the response index (0..K-1). Log-probs are float32.
     """
+
+    tractable_logps = True  # the Policy interface: per-token log-probs exist
+    analytic_kl = None  # ... and the KL is measured, not known in closed form
 
     def __init__(self, ref_logits: Tensor, init_logits: Tensor | None = None, with_reference: bool = True,
                  value_head: bool = False, seed: int = 0):
@@ -393,6 +395,10 @@ class PairSource:
 
 
 # ----------------------------------------------------------------------------------------------- driver
+#: how online plugins sample on the bed: one response token per completion, at temperature 1
+BED_SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=1)
+
+
 @dataclass
 class TrainSettings:
     """How :func:`train` optimises.
@@ -401,7 +407,8 @@ class TrainSettings:
     constant. ``optimizer``: ``adam`` (torch.optim.Adam, element-wise, so tiled replicas stay independent)
     or ``sgd``. ``micro_batch_size``: rows per forward/backward (None: the whole mini-batch at once).
     ``max_grad_norm``: clip (None: no clipping; clipping couples tiled replicas, so the conformance suite
-    leaves it off). ``sampling``: how online plugins sample.
+    leaves it off). How online plugins sample is the plugin's own ``sampling`` (set when it is built:
+    :data:`BED_SAMPLING`, one token at temperature 1, in :func:`prefzoo.lab.runner.build_algorithm`).
     """
 
     steps: int = 300
@@ -412,7 +419,6 @@ class TrainSettings:
     betas: tuple[float, float] = (0.9, 0.999)
     micro_batch_size: int | None = None
     max_grad_norm: float | None = None
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=1))
 
 
 def make_optimizer(params, settings: TrainSettings) -> tuple[torch.optim.Optimizer, object]:
@@ -438,12 +444,12 @@ def train(algo: Algorithm, policy: TabularPolicy, data: PromptSource | PairSourc
     """Run ``settings.steps`` training steps of ``algo`` on ``policy``, the way the training loop does.
 
     One step (as :meth:`prefzoo.training.loop.Trainer.train_step`): the next batch — ``data.next()``
-    prompts turned into experience by ``algo.make_experience(policy, prompts, scorer, sampling)`` for
-    online plugins, ``data.next()`` preference pairs for offline ones; then ``algo.epochs`` passes, each
-    split into ``algo.num_minibatches`` mini-batches (shuffled with the policy's generator when more than
-    one), each one optimizer step whose gradient comes from
-    :func:`prefzoo.training.step.accumulate_gradients`; then ``algo.after_step``. The learning-rate
-    schedule counts optimizer steps (``steps * epochs * num_minibatches``).
+    prompts turned into experience by ``algo.make_experience(policy, prompts, scorer)`` for
+    online plugins, ``data.next()`` preference pairs for offline ones; then the Trainer's optimisation step,
+    :func:`prefzoo.training.step.optimisation_step`: the declared ``epochs`` passes, each split into
+    ``num_minibatches`` mini-batches (shuffled with the policy's generator when more than one), each
+    one optimizer step; then ``algo.after_step``. The learning-rate schedule counts optimizer steps
+    (``steps * epochs * num_minibatches``).
 
     Differences from the Trainer, all on the optimiser side: Adam or SGD instead of AdamW with warm-up, no
     gradient clipping unless ``max_grad_norm`` is set, and the scorer is the reward table (no text).
@@ -454,41 +460,25 @@ def train(algo: Algorithm, policy: TabularPolicy, data: PromptSource | PairSourc
     Raises:
         TabularError: an online plugin without a scorer or PromptSource; an offline one without pairs.
     """
-    if algo.online and (scorer is None or not isinstance(data, PromptSource)):
+    d = algo.declaration
+    if d.online and (scorer is None or not isinstance(data, PromptSource)):
         raise TabularError(f"{algo.name} is online: pass a PromptSource and a scorer (e.g. TableScorer)")
-    if not algo.online and not isinstance(data, PairSource):
+    if not d.online and not isinstance(data, PairSource):
         raise TabularError(f"{algo.name} is offline: pass a PairSource of preference pairs")
     params = [p for p in policy.parameters() if p.requires_grad]
-    per_step = algo.epochs * algo.num_minibatches
+    per_step = d.epochs * d.num_minibatches
     opt, sched = make_optimizer(params, replace(settings, steps=settings.steps * per_step))
+    shuffle = lambda rows: torch.randperm(rows, generator=policy.generator).tolist()  # noqa: E731
     history = []
     for step in range(settings.steps):
-        if algo.online:
-            batch, metrics = algo.make_experience(policy, data.next(), scorer, settings.sampling)
+        if d.online:
+            batch, metrics = algo.make_experience(policy, data.next(), scorer)
         else:
             batch, metrics = data.next(), {}
-        n = len(batch)
-        per_mb = math.ceil(n / algo.num_minibatches)
-        sums: dict[str, float] = {}
-        count = 0
-        for _ in range(algo.epochs):
-            order = (torch.randperm(n, generator=policy.generator) if algo.num_minibatches > 1 else None)
-            for start in range(0, n, per_mb):
-                mb = batch if order is None else batch.select(order[start:start + per_mb])
-                opt.zero_grad(set_to_none=True)
-                m = accumulate_gradients(algo, policy, mb, settings.micro_batch_size or len(mb))
-                if settings.max_grad_norm is not None:
-                    m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm))
-                m["lr"] = opt.param_groups[0]["lr"]
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        out = {k: v / count for k, v in sums.items()}
+        out = mean_metrics(optimisation_step(algo, policy, batch, opt, sched, params, settings.micro_batch_size,
+                                             max_grad_norm=settings.max_grad_norm, permutation=shuffle))
         out.update(metrics)
-        out.update(algo.after_step(out, n))
+        out.update(algo.after_step(out, len(batch)))
         out["beta"] = algo.beta
         history.append(out)
         if callback is not None:

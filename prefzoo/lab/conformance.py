@@ -1,8 +1,8 @@
 """Objective conformance: does each algorithm plugin reach pi* = pi_ref exp(r/beta) / Z ?
 
-Run ``python -m prefzoo.conformance`` (a few minutes on 2 CPU cores). Every registered plugin that the
+Run ``python -m prefzoo.lab.conformance`` (a few minutes on 2 CPU cores). Every registered plugin that the
 table knows (GRPO, DPO, SimPO, and PPO as soon as ``prefzoo/algos/ppo.py`` registers it) is trained,
-unchanged, on the tabular test bed of :mod:`prefzoo.tabular` until it stops moving, with several seeds;
+unchanged, on the tabular test bed of :mod:`prefzoo.lab.tabular` until it stops moving, with several seeds;
 the learned policy is compared with pi* (total variation and KL(pi || pi*), per prompt and on average,
 with the Monte-Carlo error over seeds) and with the fixed point that theory predicts for that case.
 
@@ -17,42 +17,7 @@ independent runs; the only coupling is through batch-global statistics that do n
 (PPO's advantage whitening, a global scale). The Monte-Carlo error (``±``) is the standard error over the
 S replicas of the prompt-averaged distance.
 
-Theory (the target column). For one prompt with softmax logits theta, on-policy, an estimator k of
-KL(pi || pi_ref) gives (``prefzoo/objective/kl.py``; Liu et al. 2025, arXiv:2510.01555; Schulman 2020):
-
-* k in the reward (PPO, GRPO ``in_reward``): the expected update of theta_j is proportional to
-  pi_j (R_j - E_pi R) with R_j = r_j - beta k(rho_j), rho = log pi/pi_ref; this is exactly the gradient
-  of J_k(pi) = E_pi r - beta sum_y pi_ref f_k(pi/pi_ref) with f_k'(u) = k(log u). k1: f_k = u log u - u,
-  the reverse KL: pi*. k2: f_k''(u) = log(u)/u < 0 for u < 1 — a NON-convex "divergence" that rewards
-  pushing responses below their reference probability; responses that fall behind die (their penalty
-  grows as they shrink) and dead ones stay dead: a path-dependent local maximum of J_k
-  (:func:`in_reward_fixed_point`, numeric). k3: J_k = E r - beta (KL(pi||pi_ref) - KL(pi_ref||pi)) + const
-  is unbounded above (the forward KL is +inf as soon as a response gets probability 0): no fixed point,
-  the policy keeps collapsing for as long as it trains.
-* k as a loss (GRPO ``as_loss``): the penalty's gradient is beta pi_j (k'(rho_j) - E_pi k'). k1: k' = 1,
-  zero gradient, no regularisation (the policy climbs to the argmax of r); k2: k' = rho, the reverse-KL
-  gradient (pi*); k3: k' = 1 - pi_ref/pi, the FORWARD-KL gradient: the fixed point is the maximiser of
-  E r - beta KL(pi_ref || pi), :func:`prefzoo.objective.regularised_optimum` with ``forward_kl``.
-* GRPO's advantage r_i - mean(r_1..r_G) includes r_i itself, so E[A_i grad log pi(y_i)] =
-  (1 - 1/G) grad E_pi[r]: the reward's gradient is shrunk by (G-1)/G. "In reward" the penalty is shrunk
-  with it (the fixed point is unchanged); "as loss" it is not, so as-loss GRPO regularises with
-  beta_eff = beta G/(G-1) (with ``scale_rewards="none"``; with the paper's group std, by roughly
-  beta sigma_pi(r) G/(G-1), a prompt- and policy-dependent beta).
-* DPO on Bradley-Terry pairs P(y1 > y2) = sigmoid(r1 - r2) (scale 1, reward units): the f-DPO loss is
-  the BT likelihood of the implicit reward beta f'(pi/pi_ref); its population minimiser makes
-  beta f'(pi_j/pi_ref_j) = r_j - lambda, lambda fixed by normalisation: the maximiser of
-  E r - beta D_f(pi || pi_ref), :func:`prefzoo.objective.regularised_optimum` (Wang et al. 2024, Thm 1)
-  for every f, whatever pairs distribution covers all responses (the tabular model is well specified).
-  For reverse KL that is pi*; for the others it is their own optimum, not pi*. (With a BT scale s the
-  target is the same with r/s.)
-* SimPO (single tokens, |y| = 1): with gamma = 0 its loss is DPO's with a uniform reference, so it lands
-  on softmax(r / beta) (pi* of a uniform pi_ref: it ignores pi_ref). With a margin gamma > 0 there is no
-  closed form; the target shown is the exact population minimiser of the SimPO loss under this pair
-  distribution, found numerically (:func:`simpo_population_optimum`).
-* Best-of-n: the distribution of the best of n samples of pi_ref (ties split in proportion to pi_ref),
-  :func:`best_of_n_policy`; the "learned" policy is the empirical distribution of best-of-n draws made
-  with the tabular policy's own sampler and the table scorer. Its KL to pi_ref is at most
-  log n - (n-1)/n, with equality only for continuous (all-distinct, fine-grained) rewards.
+Theory (the target column): each case's fixed point, derived in :mod:`prefzoo.lab.oracles`.
 
 Verdict: with pi_bar the seed-mean policy and d the typical TV distance of one seed from pi_bar (the
 Monte-Carlo spread), pure noise puts pi_bar about d / sqrt(S) from where the runs go; a case MATCHES its
@@ -63,7 +28,6 @@ pi* when TV(pi_bar, pi*) > tol. Rows marked "report" show their target without a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import time
@@ -75,11 +39,11 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import REGISTRY, get_algorithm
-from prefzoo.algos.base import Algorithm
-from prefzoo.types import ObjectiveSettings
-from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
-from prefzoo.tabular import (PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy, TrainSettings,
-                             kl_divergence, preference_pairs, prompt_batch, total_variation, train)
+from prefzoo.lab.oracles import (argmax_policy, best_of_n_policy, grpo_group_std_target, in_reward_fixed_point,
+                                 simpo_population_optimum)
+from prefzoo.lab.runner import build_algorithm, sample_best_of_n, train_replicas
+from prefzoo.lab.tabular import TabularBandit, kl_divergence, preference_pairs, total_variation
+from prefzoo.objective import optimal_policy, regularised_optimum
 
 BETA = 0.5
 DEFAULT_SEEDS = 8
@@ -101,130 +65,6 @@ def conformance_bandit() -> TabularBandit:
     return TabularBandit(torch.tensor(ref_logits), torch.tensor(rewards), name="conformance")
 
 
-# ------------------------------------------------------------------------------------------------ theory
-def argmax_policy(bandit: TabularBandit) -> Tensor:
-    """pi_ref restricted to the responses of maximal reward (beta -> 0 limit), Shape (P, K) float64."""
-    top = bandit.rewards == bandit.rewards.amax(-1, keepdim=True)
-    p = torch.where(top, bandit.ref_probs, torch.zeros_like(bandit.ref_probs))
-    return p / p.sum(-1, keepdim=True)
-
-
-def in_reward_generator(estimator: str, u: Tensor) -> Tensor:
-    """f_k(u), the generator whose derivative is the estimator: f_k'(u) = k(log u) (u = pi/pi_ref > 0).
-
-        k1: f(u) = u log u - u                      (reverse KL up to a term constant on the simplex)
-        k2: f(u) = u ((log u)^2 / 2 - log u + 1)    f''(u) = log(u) / u: CONCAVE for u < 1
-        k3: f(u) = log u + (log u - 2) u            f''(u) = (u - 1) / u^2: CONCAVE for u < 1
-    """
-    log_u = torch.log(u)
-    if estimator == "k1":
-        return u * log_u - u
-    if estimator == "k2":
-        return u * (0.5 * log_u ** 2 - log_u + 1.0)
-    if estimator == "k3":
-        return log_u + (log_u - 2.0) * u
-    raise ValueError(f"unknown estimator {estimator!r}; choose k1, k2 or k3")
-
-
-def in_reward_fixed_point(bandit: TabularBandit, beta: float, estimator: str, steps: int = 3000,
-                          lr: float = 0.05) -> Tensor:
-    """Where "k in the reward" converges on a bandit, Shape (P, K) float64 (module docstring).
-
-    On-policy, the expected update of "k in the reward" is exactly the gradient of
-    J_k(pi) = E_pi[r] - beta sum_y pi_ref(y) f_k(pi(y)/pi_ref(y)) with f_k' = k o log
-    (:func:`in_reward_generator`): d/dtheta_j of sum_y pi_ref f_k(u) is pi_j (k(rho_j) - E_pi k), the
-    score-function gradient of E[k(rho)] with k held fixed. For k1 that is the reverse-KL objective: pi*,
-    returned in closed form. For k2, f_k is concave below u = 1, so J_k is not concave: every response
-    whose probability has fallen far enough below its reference one is pushed to 0 (dead responses are
-    absorbing), and which ones die depends on the path. No closed form: this returns the local maximum
-    that deterministic ascent from pi_ref reaches (Adam on the exact gradient
-    g_j = pi_j (R_j - E_pi R), R = r - beta k(rho), float64; independent of the plugins' code).
-    (For k3, J_k = E r - beta (KL(pi||pi_ref) - KL(pi_ref||pi)) + const is unbounded above — it grows
-    without limit as any response's probability goes to 0 — so there is no fixed point to return.)
-
-    Raises:
-        ValueError: estimator k3 (no fixed point) or unknown.
-    """
-    ref, r = bandit.ref_probs, bandit.rewards
-    if estimator == "k1":
-        return optimal_policy(ref, r, beta)
-    if estimator != "k2":
-        raise ValueError(f"{estimator} in the reward has no fixed point to compute (see the docstring)")
-    theta = torch.log(ref).clone()
-    m, v = torch.zeros_like(theta), torch.zeros_like(theta)
-    b1, b2 = 0.9, 0.999
-    for t in range(1, steps + 1):
-        pi = torch.softmax(theta, -1)
-        shaped = r - beta * kl_estimate(theta - torch.log(ref) - torch.logsumexp(theta, -1, keepdim=True), estimator)
-        grad = pi * (shaped - (pi * shaped).sum(-1, keepdim=True))  # ascent direction
-        m = b1 * m + (1 - b1) * grad
-        v = b2 * v + (1 - b2) * grad * grad
-        step = lr * (1 - (t - 1) / steps)
-        theta = theta + step * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + 1e-12)
-    return torch.softmax(theta, -1)
-
-
-def grpo_group_std_target(bandit: TabularBandit, beta: float, group: int, iters: int = 200) -> Tensor:
-    """APPROXIMATE fixed point of GRPO with the paper's group-std scaling and k3 as a loss.
-
-    Dividing the advantage by the group's reward std sigma acts (for large G) like a per-prompt
-    beta_eff = beta sigma_pi(r) G/(G-1) in the k3-as-loss fixed point (forward-KL optimum); solved
-    self-consistently by damped iteration. Approximate: it ignores the randomness of the group std.
-    """
-    ref, r = bandit.ref_probs, bandit.rewards
-    pi = ref.clone()
-    for _ in range(iters):
-        mean = (pi * r).sum(-1, keepdim=True)
-        sigma = ((pi * (r - mean) ** 2).sum(-1, keepdim=True)).sqrt().clamp(min=1e-6)
-        beta_eff = beta * sigma * group / (group - 1)
-        new = regularised_optimum(ref, r * beta / beta_eff, beta, "forward_kl")  # E r - b_eff D  ~  r b/b_eff
-        pi = 0.5 * pi + 0.5 * new
-    return pi
-
-
-def best_of_n_policy(bandit: TabularBandit, n: int) -> Tensor:
-    """Distribution of the highest-reward of n i.i.d. samples of pi_ref, Shape (P, K) float64.
-
-    P(best has reward level v) = F(v)^n - F(v-)^n with F the reward CDF under pi_ref; responses that tie
-    at a level share its probability in proportion to pi_ref (what "keep the first best sample" gives).
-    """
-    ref, r = bandit.ref_probs, bandit.rewards
-    le = (r[..., None, :] <= r[..., :, None]).double()  # [p, j, k] = r_k <= r_j
-    lt = (r[..., None, :] < r[..., :, None]).double()
-    eq = le - lt
-    f_le, f_lt = (le * ref[..., None, :]).sum(-1), (lt * ref[..., None, :]).sum(-1)
-    level_mass = (eq * ref[..., None, :]).sum(-1)
-    return ref / level_mass * (f_le ** n - f_lt ** n)
-
-
-def simpo_population_optimum(bandit: TabularBandit, beta: float, gamma: float, steps: int = 200) -> Tensor:
-    """Exact population minimiser of the single-token SimPO loss under this bed's pair distribution.
-
-    E over (y1, y2) ~ pi_ref x pi_ref | y1 != y2 and BT labels of -log sigmoid(beta (log pi(y_w) -
-    log pi(y_l)) - gamma), minimised over the logits in float64 by L-BFGS. (An independent computation:
-    exact expectations instead of sampled pairs, and not the plugin's code.)
-    """
-    ref, r = bandit.ref_probs, bandit.rewards
-    w = ref[..., :, None] * ref[..., None, :]
-    w = w * (1 - torch.eye(r.shape[-1], dtype=w.dtype))
-    w = w / w.sum((-1, -2), keepdim=True)
-    p_win = torch.sigmoid(r[..., :, None] - r[..., None, :])  # [a, b]: P(a beats b)
-    theta = torch.log(ref).clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=steps, tolerance_grad=1e-12, tolerance_change=1e-15,
-                            line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        logp = torch.log_softmax(theta, -1)
-        margin = beta * (logp[..., :, None] - logp[..., None, :]) - gamma  # chosen a over rejected b
-        loss = -(w * p_win * torch.nn.functional.logsigmoid(margin)).sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return torch.softmax(theta.detach(), -1)
-
-
 # ------------------------------------------------------------------------------------------------ cases
 @dataclass
 class Case:
@@ -234,7 +74,7 @@ class Case:
         label: the row's name.
         algo: registry name of the plugin (``None``: best-of-n, which trains nothing).
         config: overrides of the plugin's typed config.
-        objective: fields of :class:`ObjectiveSettings` (beta defaults to BETA).
+        objective: fields of :class:`~prefzoo.types.ObjectiveSettings` (beta defaults to BETA).
         theory: the expected fixed point, in words.
         target: (bandit) -> expected policy, Shape (P, K); None: nothing to compare with.
         claim: "target" (must match ``target``), or "report" (shown, not asserted).
@@ -257,7 +97,7 @@ class Case:
 def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
     """The table's rows. PPO rows appear only when a plugin called ``ppo`` is registered."""
     c = group / (group - 1)
-    grpo = dict(num_generations=group, scale_rewards="none")
+    grpo = dict(num_samples=group, scale_rewards="none")
     in_reward_theory = {"k1": "pi*", "k2": "local max of E r - beta D_f2, f2' = k2(log u) (numeric)",
                         "k3": "none: E r - beta (KL - forward KL) is unbounded; collapses"}
 
@@ -281,13 +121,13 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
         Case("GRPO k2 as loss", "grpo", grpo, dict(kl_estimator="k2", kl_placement="as_loss"),
              f"pi* at beta G/(G-1) = {beta * c:.4g}",
              lambda b: optimal_policy(b.ref_probs, b.rewards, beta * c)),
-        Case("GRPO k2 as loss, G=4", "grpo", dict(grpo, num_generations=4),
+        Case("GRPO k2 as loss, G=4", "grpo", dict(grpo, num_samples=4),
              dict(kl_estimator="k2", kl_placement="as_loss"), f"pi* at beta 4/3 = {beta * 4 / 3:.4g}",
              lambda b: optimal_policy(b.ref_probs, b.rewards, beta * 4 / 3), steps=300),
         Case("GRPO k3 as loss", "grpo", grpo, dict(kl_estimator="k3", kl_placement="as_loss"),
              f"forward-KL optimum at beta G/(G-1) = {beta * c:.4g}",
              lambda b: regularised_optimum(b.ref_probs, b.rewards, beta * c, "forward_kl")),
-        Case("GRPO paper defaults (group std, k3 as loss)", "grpo", dict(num_generations=group),
+        Case("GRPO paper defaults (group std, k3 as loss)", "grpo", dict(num_samples=group),
              dict(kl_estimator="k3", kl_placement="as_loss"),
              "~ forward-KL optimum at beta sigma_pi(r) G/(G-1) (approximate)",
              lambda b: grpo_group_std_target(b, beta, group), claim="report"),
@@ -399,61 +239,6 @@ def _stats(x: Tensor) -> tuple[float, float]:
     return float(per_seed.mean()), se
 
 
-def build_algorithm(name: str, config: dict, objective: dict, beta: float = BETA) -> Algorithm:
-    """Instantiate the registered plugin ``name`` with config overrides and an objective."""
-    cls = get_algorithm(name)
-    return cls(cls.config_class(**config), ObjectiveSettings(**{"beta": beta, **objective}))
-
-
-def train_tabular(algo: Algorithm, bandit: TabularBandit, seeds: int, seed: int, steps: int, lr: float,
-                  pairs=None, samples_per_prompt: int = SAMPLES_PER_PROMPT) -> TabularPolicy:
-    """Train ``algo`` from pi_ref on ``seeds`` stacked replicas of ``bandit``; returns the policy.
-
-    Online plugins get, each step, every prompt of every replica repeated so that it receives about
-    ``samples_per_prompt`` responses (in groups of the plugin's group size); offline plugins train
-    full-batch on ``pairs`` (default: fresh pairs from pi_ref, ``PAIRS_PER_PROMPT`` per prompt).
-    """
-    tiled = bandit.tile(seeds)
-    policy = TabularPolicy(tiled.ref_logits, with_reference=algo.needs_reference,
-                           value_head=algo.needs_value_head, seed=seed)
-    settings = TrainSettings(steps=steps, lr=lr)
-    if algo.online:
-        group = int(getattr(algo.cfg, "num_generations", 0) or getattr(algo.cfg, "num_samples", 1))
-        source = PromptSource(tiled.num_prompts, repeats=max(1, samples_per_prompt // group))
-        train(algo, policy, source, settings, scorer=TableScorer(tiled.rewards))
-    else:
-        if pairs is None:
-            pairs = preference_pairs(tiled, PAIRS_PER_PROMPT, torch.Generator().manual_seed(seed + 1))
-        train(algo, policy, PairSource(with_reference_logps(algo, policy, pairs)), settings)
-    return policy
-
-
-def with_reference_logps(algo: Algorithm, policy: TabularPolicy, pairs):
-    """The pairs with their summed reference log-probs filled in once (as the training loop does for
-    ``algo.precompute_ref_logps``), when the plugin reads a reference; otherwise the pairs unchanged."""
-    if not (algo.needs_reference and hasattr(algo, "reference_logps")) or pairs.ref_chosen_logps is not None:
-        return pairs
-    chosen, rejected = algo.reference_logps(policy, pairs)
-    return dataclasses.replace(pairs, ref_chosen_logps=chosen, ref_rejected_logps=rejected)
-
-
-def sample_best_of_n(bandit: TabularBandit, n: int, draws: int, seeds: int, seed: int) -> Tensor:
-    """Empirical best-of-n distribution, Shape (seeds, P, K): ``draws`` times per prompt and replica, sample n
-    responses from pi_ref with :meth:`TabularPolicy.sample`, score them with :class:`TableScorer`, keep the
-    first of the highest-scoring."""
-    from prefzoo.types import SamplingParams
-
-    tiled = bandit.tile(seeds)
-    ref_policy = TabularPolicy(tiled.ref_logits, seed=seed)
-    rows = torch.arange(tiled.num_prompts).repeat_interleave(draws)
-    samples = ref_policy.sample(prompt_batch(rows), n, SamplingParams(temperature=1.0, max_new_tokens=1))
-    scores = TableScorer(tiled.rewards)(samples).view(-1, n)
-    best = samples.completion_ids[:, 0].view(-1, n).gather(1, scores.argmax(1, keepdim=True))[:, 0]
-    counts = torch.zeros(tiled.num_prompts, tiled.num_responses, dtype=torch.float64)
-    counts.index_put_((rows, best), torch.ones(len(rows), dtype=torch.float64), accumulate=True)
-    return (counts / draws).view(seeds, bandit.num_prompts, bandit.num_responses)
-
-
 def run_case(case: Case, bandit: TabularBandit, seeds: int = DEFAULT_SEEDS, seed: int = 0, beta: float = BETA,
              pairs=None, steps: int | None = None, samples_per_prompt: int = SAMPLES_PER_PROMPT) -> CaseResult:
     """Train (or, for best-of-n, sample) one case and measure it.
@@ -471,8 +256,8 @@ def run_case(case: Case, bandit: TabularBandit, seeds: int = DEFAULT_SEEDS, seed
         extra["kl_ref_formula"] = math.log(case.bon_n) - (case.bon_n - 1) / case.bon_n
     else:
         algo = build_algorithm(case.algo, case.config, case.objective, beta)
-        policy = train_tabular(algo, bandit, seeds, seed, steps or case.steps, case.lr, pairs=pairs,
-                               samples_per_prompt=samples_per_prompt)
+        policy = train_replicas(algo, bandit, seeds, seed, steps or case.steps, case.lr, pairs=pairs,
+                                samples_per_prompt=samples_per_prompt, pairs_per_prompt=PAIRS_PER_PROMPT)
         probs = policy.probs().view(seeds, bandit.num_prompts, bandit.num_responses)
     target = case.target(bandit) if case.target is not None else None
     best = bandit.rewards == bandit.rewards.amax(-1, keepdim=True)
@@ -485,7 +270,8 @@ def run_all(cases: list[Case], bandit: TabularBandit, seeds: int = DEFAULT_SEEDS
     pairs = None
     results = []
     for case in cases:
-        if case.algo is not None and not get_algorithm(case.algo).online and pairs is None:
+        if case.algo is not None and not build_algorithm(case.algo, case.config, case.objective, beta).declaration.online \
+                and pairs is None:
             pairs = preference_pairs(bandit.tile(seeds), PAIRS_PER_PROMPT, torch.Generator().manual_seed(seed + 1))
         res = run_case(case, bandit, seeds, seed, beta, pairs=pairs)
         results.append(res)
@@ -565,8 +351,8 @@ def report(results: list[CaseResult], bandit: TabularBandit, beta: float, seeds:
     return f"""# Objective conformance: which fixed point does each algorithm reach?
 
 Generated by `{command}` in {seconds:.0f} s ({seeds} seeds, torch {torch.__version__}, 1 thread).
-Every plugin runs unchanged on the tabular test bed (`prefzoo/tabular.py`) through the training loop's
-`accumulate_gradients`; theory and method are in the docstring of `prefzoo/conformance.py`.
+Every plugin runs unchanged on the tabular test bed (`prefzoo/lab/tabular.py`) through the training loop's
+optimisation step; the theory is in the docstring of `prefzoo/lab/oracles.py`, the method in `prefzoo/lab/conformance.py`.
 {skipped}
 ## The bed (β = {beta})
 
@@ -625,7 +411,7 @@ KL is smaller even when all rewards differ (prompts 0, 1, 3), and much smaller w
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefzoo.conformance", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m prefzoo.lab.conformance", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="docs/conformance.md", help="markdown output ('' to skip)")
@@ -642,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[conformance] {len(cases)} cases, {args.seeds} seeds, beta={BETA}; plugins: {', '.join(sorted(REGISTRY))}")
     results = run_all(cases, bandit, args.seeds, args.seed)
     seconds = time.perf_counter() - started
-    command = "python -m prefzoo.conformance" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m prefzoo.lab.conformance" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     doc = report(results, bandit, BETA, args.seeds, command, seconds)
     print(doc)
     if args.out:

@@ -1,9 +1,9 @@
-"""Conformance: the plugins, unchanged on the tabular bed, land where theory says (prefzoo.conformance).
+"""Conformance: the plugins, unchanged on the tabular bed, land where theory says (prefzoo.lab.conformance).
 
 Expected policies come from closed forms in prefzoo.objective (optimal_policy, regularised_optimum), from
-brute-force enumeration written here, or (k2 in the reward only, which has no closed form) from a
-deterministic ascent of the exact objective whose stationarity condition is itself checked below — never
-from a run of the plugins.
+the oracles (prefzoo.lab.oracles, themselves checked by brute-force enumeration in tests/lab/test_oracles.py),
+or (k2 in the reward only, which has no closed form) from a deterministic ascent of the exact objective whose
+stationarity condition is checked there too — never from a run of the plugins.
 
 Tolerances. Each case runs S = 4 seeds side by side; the Monte-Carlo spread d of one seed around the seed
 mean is measured in the run itself, and a case matches a target when TV(seed-mean policy, target)
@@ -18,17 +18,15 @@ loss: TV to pi* 0.08, asserted > 0.04), far above any tolerance, so a regression
 fails too.
 """
 
-import itertools
-import math
-
 import pytest
 import torch
 
 from prefzoo.algos import REGISTRY
-from prefzoo.conformance import (BETA, Case, argmax_policy, best_of_n_policy, conformance_bandit, default_cases,
-                                 in_reward_fixed_point, in_reward_generator, run_case, sample_best_of_n)
-from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
-from prefzoo.tabular import kl_divergence, preference_pairs, total_variation
+from prefzoo.lab.conformance import BETA, Case, conformance_bandit, default_cases, run_case
+from prefzoo.lab.oracles import argmax_policy, best_of_n_policy, in_reward_fixed_point
+from prefzoo.lab.runner import sample_best_of_n
+from prefzoo.lab.tabular import preference_pairs, total_variation
+from prefzoo.objective import optimal_policy, regularised_optimum
 from tests.models.helpers import one_thread_fixture
 
 SEEDS = 4
@@ -64,54 +62,7 @@ def _matches(res, target, cap):
     assert tv <= cap, f"{res.case.label}: TV(mean, target) = {tv:.4f} > cap {cap}"
 
 
-# ------------------------------------------------------------------------------ theory helpers, independently
-def test_in_reward_generators_have_the_estimators_as_derivatives():
-    """f_k'(u) = k(log u), by autograd; and f_k2, f_k3 are concave below u = 1 (the source of the collapse)."""
-    u = torch.tensor([0.05, 0.3, 0.9, 1.0, 1.7, 6.0], dtype=torch.float64, requires_grad=True)
-    for k in ("k1", "k2", "k3"):
-        (grad,) = torch.autograd.grad(in_reward_generator(k, u).sum(), u, create_graph=True)
-        torch.testing.assert_close(grad, kl_estimate(torch.log(u), k))
-        if k != "k1":
-            (second,) = torch.autograd.grad(grad.sum(), u)
-            assert bool((second[:3] < 0).all()) and bool((second[4:] > 0).all())
-
-
-def test_k2_in_reward_fixed_point_satisfies_its_stationarity_condition():
-    """On its support r_j - beta k2(rho_j) is one constant; every survivor is above its reference mass."""
-    fp = in_reward_fixed_point(BANDIT, BETA, "k2")
-    for p in range(BANDIT.num_prompts):
-        live = fp[p] > 1e-3
-        rho = torch.log(fp[p, live] / BANDIT.ref_probs[p, live])
-        shaped = BANDIT.rewards[p, live] - BETA * kl_estimate(rho, "k2")
-        assert float(shaped.max() - shaped.min()) < 1e-3
-        assert bool((rho > 0).all()) and float(fp[p, ~live].sum()) < 1e-3
-
-
-def test_best_of_n_matches_brute_force_enumeration():
-    """Enumerate all K^n draws (n = 2, 3), keep the first of the highest reward: the exact distribution."""
-    ref, r = BANDIT.ref_probs, BANDIT.rewards
-    for n in (2, 3):
-        expected = torch.zeros_like(ref)
-        for p in range(BANDIT.num_prompts):
-            for draw in itertools.product(range(BANDIT.num_responses), repeat=n):
-                prob = math.prod(float(ref[p, y]) for y in draw)
-                best = max(draw, key=lambda y: (float(r[p, y]), -draw.index(y)))
-                expected[p, best] += prob
-        torch.testing.assert_close(best_of_n_policy(BANDIT, n), expected)
-
-
-def test_best_of_n_kl_formula_is_an_upper_bound_reached_for_continuous_rewards():
-    """KL(bon || ref) <= log n - (n-1)/n; equality in the limit of many distinct, equally likely rewards."""
-    from prefzoo.tabular import TabularBandit
-
-    for n in (2, 4, 16):
-        bound = math.log(n) - (n - 1) / n
-        kl = kl_divergence(best_of_n_policy(BANDIT, n), BANDIT.ref_probs)
-        assert bool((kl < bound).all())
-        fine = TabularBandit(torch.zeros(1, 1000), torch.linspace(0, 1, 1000)[None])
-        assert abs(float(kl_divergence(best_of_n_policy(fine, n), fine.ref_probs)) - bound) < 1e-3  # 1e-5 measured
-
-
+# ------------------------------------------------------------------------------ the runner's best-of-n
 def test_sampled_best_of_n_matches_the_analytic_distribution():
     sampled = sample_best_of_n(BANDIT, 4, 20000, SEEDS, 0)
     assert float(total_variation(sampled.mean(0), best_of_n_policy(BANDIT, 4)).mean()) < 0.01

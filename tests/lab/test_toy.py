@@ -1,10 +1,10 @@
-"""The toy bandit's three claims (prefzoo.toy), with the plugin trained unchanged on a tabular policy.
+"""The toy bandit's three claims (prefzoo.lab.toy), with the plugin trained unchanged on a tabular policy.
 
 Expected policies are the closed form pi*_beta = pi_ref exp(proxy/beta) / Z, computed here with
 prefzoo.objective.optimal_policy from the bandit's tables (at beta = 0: the proxy's argmax).
 Tolerance for (c): the k1-in-reward fixed point has no Monte-Carlo noise (every advantage is 0 there), so
 what remains is optimisation error: measured max TV over 4 seeds <= 0.006 across the full sweep of
-``python -m prefzoo.toy`` (hardest at beta = 0.05, where the last 2% of mass sits on rarely sampled
+``python -m prefzoo.lab.toy`` (hardest at beta = 0.05, where the last 2% of mass sits on rarely sampled
 responses), <= 0.001 at the betas used here; asserted < TV_TOLERANCE = 0.02.
 """
 
@@ -12,8 +12,8 @@ import torch
 import pytest
 
 from prefzoo.objective import optimal_policy
-from prefzoo.toy import EXPLOIT, TV_TOLERANCE, markdown_table, plot, sweep, toy_bandit
-from prefzoo.tabular import kl_divergence, total_variation
+from prefzoo.lab.toy import EXPLOIT, TV_TOLERANCE, markdown_table, plot, sweep, toy_bandit
+from prefzoo.lab.tabular import kl_divergence, total_variation
 
 BETAS = (2.0, 0.2, 0.01, 0.0)
 

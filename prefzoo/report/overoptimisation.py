@@ -10,6 +10,10 @@ find, with R(0) = 0 (the gold reward of the initial policy subtracted):
 Both are linear in (a, b) -- R = a x1 - b x2 with x1 = d and x2 = d^2 (best-of-n) or d log d (RL) -- so the
 least-squares fit is an ordinary linear one (numpy ``lstsq``), no iterative optimiser. A fit with b <= 0 has no
 peak in d > 0 (the reward still rises over the range measured): ``peak`` then returns ``None``.
+
+From a folder of runs (:mod:`prefzoo.report.runs`): :func:`overoptimisation_points` collects the (d, gold, proxy)
+points — best-of-n one per run, RL one per evaluation during training — and :func:`fit_overoptimisation` fits
+each series.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FORMS", "Fit", "fit", "predict", "observed_peak"]
+from prefzoo.report.runs import eval_history, is_best_of_n, is_number
+
+__all__ = ["FORMS", "Fit", "fit", "predict", "observed_peak", "overoptimisation_points", "fit_overoptimisation"]
 
 #: form name -> the regressor multiplying -b (the one multiplying a is d itself)
 FORMS = {"bon": "d^2", "rl": "d log d"}
@@ -109,3 +115,49 @@ def observed_peak(d, reward) -> tuple[float, float]:
     d, r = np.asarray(d, dtype=float), np.asarray(reward, dtype=float)
     i = int(np.argmax(r))
     return float(d[i]), float(r[i])
+
+
+# ------------------------------------------------------------------------------------------- from runs
+def overoptimisation_points(runs: list[dict]) -> dict:
+    """Points (d, gold, proxy) for best-of-n (one point per run: its n) and for each RL run (its evaluations
+    during training), plus the baselines (mean rewards of the d = 0 points: the reference policy)."""
+    bon, rl = [], {}
+    for run in runs:
+        s = run["summary"]
+        if s.get("algo") == "rm":
+            continue
+        for e in eval_history(run):
+            kl, gold, proxy = e.get("kl_k1"), e.get("gold_sample_reward"), e.get("sample_reward")
+            if not (is_number(kl) and is_number(gold)):
+                continue
+            point = (math.sqrt(max(kl, 0.0)), gold, proxy if is_number(proxy) else None, e.get("step"))
+            if is_best_of_n(run):
+                bon.append(point + ((s.get("algo_settings") or {}).get("n", run["overrides"].get("algo.n")),))
+            else:
+                label = f"{s.get('algo')} β={s.get('beta'):g}" if is_number(s.get("beta")) else str(s.get("algo"))
+                rl.setdefault(f"{label} ({run['dir'].name})", []).append(point)
+    rl = {k: sorted(v, key=lambda p: p[3] or 0) for k, v in rl.items()}
+    # the reference itself: best-of-1, and each RL run before training (step 0; not a later point whose KL estimate
+    # happens to be <= 0)
+    zero = [p for p in bon if p[4] == 1] + [pts[0] for pts in rl.values() if pts and pts[0][3] == 0]
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {"bon": sorted(bon, key=lambda p: (p[4] or 0, p[0])),
+            "rl": {k: sorted(v, key=lambda p: p[3] or 0) for k, v in rl.items()},
+            "gold0": mean([p[1] for p in zero]), "proxy0": mean([p[2] for p in zero if p[2] is not None])}
+
+
+def fit_overoptimisation(points: dict) -> list[dict]:
+    """Least-squares fits (Gao et al. 2023) of gold and proxy reward: best-of-n with d(a - b d) on all BoN
+    points, each RL run with d(a - b log d) on its trajectory. Rewards relative to the d = 0 baseline."""
+    out = []
+    series = [("best-of-n", "bon", points["bon"])] + [(name, "rl", pts) for name, pts in points["rl"].items()]
+    for name, form, pts in series:
+        for which, col, base in (("gold", 1, points["gold0"]), ("proxy", 2, points["proxy0"])):
+            pts_ok = [p for p in pts if p[col] is not None]
+            if sum(p[0] > 0 for p in pts_ok) < 2:
+                continue
+            d, r = [p[0] for p in pts_ok], [p[col] for p in pts_ok]
+            f = fit(form, d, r, baseline=base or 0.0)
+            out.append({"series": name, "reward": which, "form": form, "fit": f, "observed_peak": observed_peak(d, r),
+                        "d_max": max(d)})
+    return out

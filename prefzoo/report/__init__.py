@@ -1,0 +1,99 @@
+"""Compare runs: ``python -m prefzoo.report DIR`` turns a folder of runs (a Hydra multirun) into a table and plots.
+
+It reads every ``summary.json`` under DIR and each run's ``.hydra/overrides.yaml``; the overrides whose
+values differ between runs are the swept settings and become the table's first columns. It writes
+
+* ``report.md`` — one row per run: swept values, then the evaluation after training (± standard error),
+  KL to the reference, diversity and times, with a legend saying what each column measures;
+* ``frontier.png`` — reward against d = sqrt(KL to the reference) per algorithm (the reward-KL frontier;
+  Gao et al. 2023 plot reward against d), the reference policy at d = 0;
+* ``<metric>_vs_<setting>.png`` — each headline metric against each numeric swept setting, one line per
+  value of the other swept settings (a log axis when the setting spans a factor of 10 or more);
+* ``diversity_vs_<setting>.png`` — distinct-1/2, entropy and KL against a numeric swept setting (Kirk et al.
+  2024), and ``reward_vs_diversity.png`` — reward against distinct-2, one point per run;
+* with a gold reward in the evaluations (``eval.gold_reward``): ``overoptimisation.png`` and a section with
+  the least-squares fits R_bon(d) = d(a - b d) and R_RL(d) = d(a - b log d) of Gao et al. 2023
+  (:mod:`prefzoo.report.overoptimisation`) and where the gold reward peaks;
+
+and prints where it wrote them. :class:`prefzoo.report.callbacks.WriteReport` runs it at the end of a Hydra multirun.
+
+The package, one idea a module: :mod:`~prefzoo.report.runs` (reading the runs and what was swept),
+:mod:`~prefzoo.report.tables` (the markdown), :mod:`~prefzoo.report.plots` (the figures and their captions),
+:mod:`~prefzoo.report.overoptimisation` (the fits of Gao et al. 2023), :mod:`~prefzoo.report.callbacks` (the
+Hydra callbacks that make a recipe one command); this module puts them together (:func:`write_report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prefzoo.errors import DataError, PrefzooError
+from prefzoo.report.overoptimisation import fit_overoptimisation, overoptimisation_points
+from prefzoo.report.plots import (caption, plot_against, plot_diversity, plot_frontier, plot_overoptimisation,
+                                  plot_reward_vs_diversity)
+from prefzoo.report.runs import HEADLINE, is_number, load_runs, swept_keys
+from prefzoo.report.tables import legend, markdown_table, overoptimisation_section
+
+__all__ = ["write_report", "main", "load_runs", "swept_keys", "markdown_table"]
+
+
+def write_report(root: Path, out: Path | None = None) -> dict:
+    """Write ``report.md`` and the plots for the runs under ``root`` into ``out`` (default: ``root``).
+
+    Raises:
+        DataError: no ``summary.json`` under ``root`` (no finished run).
+    """
+    runs = load_runs(root)
+    if not runs:
+        raise DataError(f"no summary.json under {root}: point `python -m prefzoo.report` at a run folder or a "
+                        "multirun folder (a run writes summary.json when it finishes).")
+    out = Path(out or root)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = swept_keys(runs)
+    table = markdown_table(runs, keys)
+    plots = [p for p in [plot_frontier(runs, out / "frontier.png")] if p]
+    numeric = [k for k in keys if any(is_number(r["overrides"].get(k)) for r in runs)]
+    for key in numeric:
+        for name in HEADLINE:
+            p = plot_against(runs, key, keys, name, out / f"{name}_vs_{key.replace('/', '_')}.png")
+            if p:
+                plots.append(p)
+        p = plot_diversity(runs, key, keys, out / f"diversity_vs_{key.replace('/', '_')}.png")
+        if p:
+            plots.append(p)
+    p = plot_reward_vs_diversity(runs, keys, out / "reward_vs_diversity.png")
+    if p:
+        plots.append(p)
+    text = f"# prefzoo report: {root}\n\n{len(runs)} runs; swept: {', '.join(keys) or 'nothing'}.\n\n{table}\n"
+    text += legend(runs) + "\n"
+    fits = []
+    points = overoptimisation_points(runs)
+    if points["bon"] or points["rl"]:
+        fits = fit_overoptimisation(points)
+        p = plot_overoptimisation(points, fits, out / "overoptimisation.png")
+        if p:
+            plots.insert(0, p)
+        text += overoptimisation_section(points, fits) + "\n"
+    text += "## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n*{caption(p)}*\n\n" for p in plots)
+    (out / "report.md").write_text(text)
+    return {"report": out / "report.md", "plots": plots, "runs": len(runs), "swept": keys, "fits": fits}
+
+
+def main(argv=None) -> int:
+    """``python -m prefzoo.report DIR [--out OUT]``; a prefzoo error is one line on stderr and exit status 2."""
+    parser = argparse.ArgumentParser(prog="python -m prefzoo.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", type=Path, help="a run folder or a multirun folder")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default: DIR)")
+    args = parser.parse_args(argv)
+    try:
+        result = write_report(args.dir, args.out)
+    except PrefzooError as err:
+        print(f"prefzoo: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{result['runs']} runs, swept: {', '.join(result['swept']) or 'nothing'}")
+    print(f"wrote {result['report']}")
+    for p in result["plots"]:
+        print(f"wrote {p}")
+    return 0

@@ -1,0 +1,5 @@
+"""``python -m prefzoo.report DIR``: :func:`prefzoo.report.main`."""
+
+from prefzoo.report import main
+
+raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""The runs a report reads: every ``summary.json`` under a folder, its Hydra overrides, and which settings were swept.
+
+A run is ``{"dir", "summary", "overrides": {key: value}, "job": bool}`` (:func:`load_runs`); :func:`metric`
+reads an evaluation of it (``eval_after`` by default). :data:`HEADLINE` lists the evaluation keys a report
+shows and :data:`DESCRIPTION` says what each measures (the tables' legend, the plots' axis labels).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+__all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval_history", "is_number",
+           "is_best_of_n", "analytic_kl"]
+
+HEADLINE = ("task_accuracy", "task_reward", "sample_reward", "gold_task_reward", "gold_sample_reward",
+            "preference_accuracy", "kl_k1", "entropy", "distinct_1", "distinct_2")
+
+#: what each evaluation key measures (table legend, axis labels)
+DESCRIPTION = {
+    "task_accuracy": "exact-match accuracy of the greedy answer to each held-out prompt",
+    "task_reward": "the run's reward of the greedy answer (the PROXY when a gold reward is evaluated)",
+    "sample_reward": "the run's reward, mean over temperature-1 samples (the proxy when a gold reward is evaluated)",
+    "gold_task_reward": "the gold reward (eval.gold_reward) of the greedy answer",
+    "gold_sample_reward": "the gold reward, mean over temperature-1 samples",
+    "preference_accuracy": "held-out pairs ranked right by the implicit (or reward-model) reward; ties count 1/2",
+    "kl_k1": "KL(π ‖ π_ref) in nats per completion: k1 estimate on temperature-1 samples; best-of-n: the analytic "
+             "log n − (n−1)/n (exact without reward ties, an upper bound otherwise)",
+    "entropy": "mean per-token entropy of the policy on its samples (nats); none for best-of-n",
+    "distinct_1": "distinct unigrams / all unigrams across the samples of one prompt, averaged over prompts",
+    "distinct_2": "distinct bigrams / all bigrams across the samples of one prompt, averaged over prompts",
+}
+
+
+def _value(text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def load_runs(root: Path) -> list[dict]:
+    """Every run under ``root``: ``{"dir", "summary", "overrides": {key: value}, "job": bool}``, sorted by folder.
+
+    ``job``: the run has Hydra's ``.hydra/overrides.yaml`` (a job of the sweep); a run without one (e.g. a
+    recipe's prerequisite run, :class:`prefzoo.report.callbacks.TrainFirst`) is listed but does not decide which
+    settings were swept."""
+    runs = []
+    for summary_path in sorted(Path(root).rglob("summary.json")):
+        run_dir = summary_path.parent
+        overrides = {}
+        over_file = run_dir / ".hydra" / "overrides.yaml"
+        if over_file.is_file():
+            for item in yaml.safe_load(over_file.read_text()) or []:
+                key, _, value = item.partition("=")
+                overrides[key.lstrip("+~")] = _value(value)
+        runs.append({"dir": run_dir, "summary": json.loads(summary_path.read_text()), "overrides": overrides,
+                     "job": over_file.is_file()})
+    return runs
+
+
+def swept_keys(runs: list[dict]) -> list[str]:
+    """Override keys whose value is not the same in every run of the sweep (in first-seen order)."""
+    jobs = [r for r in runs if r.get("job", True)] or runs
+    keys: dict[str, set] = {}
+    for run in jobs:
+        for k in run["overrides"]:
+            keys.setdefault(k, set())
+    for k in keys:
+        keys[k] = {json.dumps(run["overrides"].get(k), default=str) for run in jobs}
+    return [k for k, values in keys.items() if len(values) > 1]
+
+
+def metric(run: dict, name: str, when: str = "eval_after"):
+    return (run["summary"].get(when) or {}).get(name)
+
+
+def eval_history(run: dict) -> list[dict]:
+    """The run's evaluations in step order: ``eval_history`` or, for older runs, before and after."""
+    s = run["summary"]
+    if s.get("eval_history"):
+        return s["eval_history"]
+    return [e for e in (s.get("eval_before"), s.get("eval_after")) if e]
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not (isinstance(x, float) and math.isnan(x))
+
+
+def is_best_of_n(run: dict) -> bool:
+    return run["summary"].get("algo") == "bon"
+
+
+def analytic_kl(run: dict) -> bool:
+    return metric(run, "kl_method") == "analytic"

@@ -1,0 +1,34 @@
+"""The report wing's entry points outside a sweep: ``python -m prefzoo.report`` on a folder without runs, and the
+Hydra callbacks (prefzoo.report.callbacks) of the recipes."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from prefzoo.report import callbacks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_train_first_runs_the_repository_train_py():
+    """TrainFirst runs ``train.py`` of the repository root (callbacks.py sits two folders below it since the move
+    to prefzoo/report/; one folder up would be prefzoo/train.py, which does not exist)."""
+    assert callbacks.TRAIN_PY == ROOT / "train.py" and callbacks.TRAIN_PY.is_file()
+
+
+def test_report_of_a_folder_without_runs_is_one_line_and_exit_status_2(tmp_path):
+    """Before: a SystemExit message without the ``prefzoo: error:`` prefix, exit status 1."""
+    proc = subprocess.run([sys.executable, "-m", "prefzoo.report", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (f"prefzoo: error: no summary.json under {tmp_path}: point `python -m prefzoo.report` "
+                                   "at a run folder or a multirun folder (a run writes summary.json when it finishes).")
+
+
+def test_write_report_callback_says_there_is_no_report_and_lets_the_sweep_end(tmp_path, capsys):
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    callbacks.WriteReport().on_multirun_end(config)
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("[prefzoo] no report: no summary.json under") and not (tmp_path / "report.md").exists()
