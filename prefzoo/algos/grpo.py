@@ -26,7 +26,7 @@ Choices exposed (and where they come from):
   as in the paper; see :mod:`prefzoo.objective.kl` for what each combination really optimises). "In
   reward" subtracts beta * sum_t k_t from each completion's reward before the group normalisation.
 
-Where the KL as a loss leads (measured in ``docs/conformance.md``, ``python -m prefzoo.conformance``): the group
+Where the KL as a loss leads (measured in ``docs/conformance.md``, ``python -m prefzoo.lab.conformance``): the group
 mean includes the sample itself, so E[(r_i - mean_j r_j) grad log pi(o_i)] = ((G-1)/G) grad E[r], while the KL
 loss's gradient is not scaled. With ``scale_rewards=none`` the fixed point of k2 as a loss is therefore
 pi* = pi_ref exp(r/beta')/Z at beta' = beta * G/(G-1) (not beta), and k3 as a loss reaches the forward-KL

@@ -82,3 +82,10 @@ def test_a_class_that_breaks_the_contract_is_refused(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(PluginError, match="must implement declare"):
         load_target("broken_algos:NoDeclare")
+
+
+def test_the_readme_shows_the_example_that_this_file_runs():
+    """The README's 'Your own algorithm' code block is docs/examples/my_algos.py, verbatim."""
+    readme = (ROOT / "README.md").read_text()
+    assert (EXAMPLES / "my_algos.py").read_text() in readme
+    assert len((EXAMPLES / "my_algos.py").read_text().splitlines()) <= 50
