@@ -177,7 +177,6 @@ def build_pairs(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    from prefzoo.config import register_configs
     from prefzoo.models.loading import cache_dir, load_tokenizer
     from prefzoo.training.setup import build_reward, pick_device, preference_data, task_prompts
 
