@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from prefzoo.cli import run_from_hydra, secondary_process_overrides
+from prefzoo.training.run_folder import refuse_unusable_output_dir
 from prefzoo.config import register_configs
 
 register_configs()
@@ -32,4 +33,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     sys.argv = secondary_process_overrides(sys.argv)  # torchrun / accelerate launch: only rank 0 writes
+    refuse_unusable_output_dir(sys.argv)  # a file or read-only hydra.run.dir: one line, before Hydra's traceback
     sys.exit(main())

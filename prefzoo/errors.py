@@ -10,7 +10,7 @@ Convention: a message says what was wrong (with the offending value) and how to 
 
 from __future__ import annotations
 
-__all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError"]
+__all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError", "RunFolderError", "CheckpointError"]
 
 
 class PrefzooError(Exception):
@@ -31,3 +31,11 @@ class RewardError(PrefzooError, RuntimeError):
 
 class ModelError(PrefzooError, RuntimeError):
     """A model could not be loaded, converted or run as requested."""
+
+
+class RunFolderError(PrefzooError, RuntimeError):
+    """The run folder cannot be used as asked: another run holds it, or it cannot be written."""
+
+
+class CheckpointError(RunFolderError):
+    """A checkpoint cannot be written (disk full) or read (damaged, or holding objects that would run code)."""
