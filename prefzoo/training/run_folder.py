@@ -1,7 +1,8 @@
 """The run folder before a run starts: it can be written, no other run uses it, and what a resume continues from.
 
 * :func:`check_output_dir`: a folder that is a file, lies under a file, or cannot be written is refused in one line
-  (``train.py`` checks ``hydra.run.dir`` before Hydra creates it: :func:`refuse_unusable_output_dir`).
+  (``train.py`` checks ``hydra.run.dir`` before Hydra creates it, and that no run holds it, before Hydra writes its
+  ``.hydra/`` there: :func:`refuse_unusable_output_dir`).
 * :func:`lock_run_folder`: an exclusive ``flock`` on ``<run>/.prefzoo.lock``, which records the holder (pid, host,
   start time). A second run in the folder is refused naming the holder; the kernel drops the lock of a process that
   died, so a stale lock file is taken over (with a warning naming the process that left it). Only the main process
@@ -74,14 +75,16 @@ def output_dir_of(argv: list[str]) -> Path | None:
 def refuse_unusable_output_dir(argv: list[str]) -> None:
     """``train.py``: exit with status 2 and one ``prefzoo: error:`` line when the output folder of the command line
     cannot be used, before Hydra tries to create it (its own failure is a traceback)."""
+    from prefzoo.training.distributed import launched_rank
+
     path = output_dir_of(argv)
     if path is None:
         return
     try:
         check_output_dir(path)
+        if launched_rank() == 0:  # before Hydra writes .hydra/ and its log there (the others: the main's folder)
+            check_not_in_use(path)
     except RunFolderError as err:
-        from prefzoo.training.distributed import launched_rank
-
         if launched_rank() == 0:
             print(f"prefzoo: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -99,6 +102,31 @@ def _describe(holder: dict) -> str:
     if not holder:
         return "a run that has not written its details yet"
     return f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')}"
+
+
+def check_not_in_use(run_dir: Path) -> None:
+    """Raise :class:`RunFolderError` naming the holder when another process holds ``run_dir``'s lock (a check only:
+    the lock itself is taken by :func:`lock_run_folder`)."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file() or str(Path(run_dir).resolve()) in _held:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as err:
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise _in_use_error(Path(run_dir), _holder(fd)) from None
+    finally:
+        os.close(fd)
+
+
+def _in_use_error(run_dir: Path, holder: dict) -> RunFolderError:
+    return RunFolderError(f"the run folder {run_dir} is in use by another run ({_describe(holder)}); wait until it "
+                          "ends, or give this run another folder (hydra.run.dir=...).")
 
 
 def lock_run_folder(run_dir: Path) -> None:
@@ -119,8 +147,7 @@ def lock_run_folder(run_dir: Path) -> None:
         holder = _holder(fd)
         os.close(fd)
         if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunFolderError(f"the run folder {run_dir} is in use by another run ({_describe(holder)}); wait until "
-                                 "it ends, or give this run another folder (hydra.run.dir=...).") from None
+            raise _in_use_error(run_dir, holder) from None
         log.warning("cannot lock %s (%s): nothing stops a second run from using this folder at the same time",
                     path, err.strerror)
         return

@@ -18,8 +18,8 @@ import pytest
 
 from prefzoo.errors import RunFolderError
 from prefzoo.training import run_folder
-from prefzoo.training.run_folder import (LOCK_FILE, check_output_dir, lock_run_folder, open_run_folder, output_dir_of,
-                                         unlock_run_folder)
+from prefzoo.training.run_folder import (LOCK_FILE, check_not_in_use, check_output_dir, lock_run_folder,
+                                         open_run_folder, output_dir_of, unlock_run_folder)
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = ("import sys, time; from pathlib import Path; from prefzoo.training.run_folder import lock_run_folder; "
@@ -45,6 +45,19 @@ def test_a_folder_held_by_a_live_run_is_refused_naming_the_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_train_py_checks_the_lock_before_hydra_writes_into_the_folder(tmp_path):
+    """check_not_in_use (train.py, before Hydra's .hydra/ and log files): refused while held, fine once released."""
+    check_not_in_use(tmp_path)  # no lock file: nothing to check
+    holder = start_holder(tmp_path)
+    try:
+        with pytest.raises(RunFolderError, match=f"in use by another run \\(pid {holder.pid} "):
+            check_not_in_use(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    check_not_in_use(tmp_path)  # its holder is gone
 
 
 def test_the_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog):
