@@ -185,6 +185,18 @@ def write_trainer_state(state: dict, path: Path) -> None:
     torch.save(state, path)
 
 
+def plain_values(value):
+    """``value`` with numpy scalars and arrays turned into Python numbers and lists (dicts, lists, tuples walked;
+    tensors kept), so that it loads with ``weights_only=True``."""
+    if isinstance(value, dict):
+        return {k: plain_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_values(v) for v in value)
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    return value
+
+
 def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict, keep: int = 2,
                     run_config: dict | None = None) -> Path:
     """Write ``checkpoints/step-XXXXXX`` and keep only the newest ``keep`` complete checkpoints.
@@ -210,7 +222,7 @@ def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict, keep: 
             model.save_pretrained(weights_folder(model, partial))
             if run_config is not None:
                 (partial / RUN_CONFIG_FILE).write_text(json.dumps(run_config, indent=1, sort_keys=True))
-            write_trainer_state(trainer_state, partial / STATE_FILE)
+            write_trainer_state(plain_values(trainer_state), partial / STATE_FILE)
             if folder.exists():  # the same step again (a resumed run that had passed it): swap
                 old = root / f"{PARTIAL_PREFIX}{name}.old"
                 folder.rename(old)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,13 +134,33 @@ def find_resume_point(cfg, run_dir: Path) -> ResumePoint | None:
             damaged.append((folder, err))
             continue
         if damaged:
-            log.warning("checkpoint %s is damaged (%s): resuming from the previous complete one, %s",
-                        ", ".join(str(f) for f, _ in damaged), "; ".join(str(e) for _, e in damaged), folder.name)
+            log.warning("checkpoint %s is damaged (%s): resuming from the previous complete one, %s%s",
+                        ", ".join(str(f) for f, _ in damaged), "; ".join(str(e) for _, e in damaged), folder.name,
+                        set_aside([f for f, _ in damaged]))
         check_run_config(cfg, run_dir, folder, saved)
         return ResumePoint(folder, state)
     raise CheckpointError(f"trainer.resume=true: every checkpoint in {run_dir / 'checkpoints'} is damaged ("
                           + "; ".join(f"{f.name}: {e}" for f, e in damaged) + "), so nothing can be resumed. Start "
                           "again in another folder, or remove the checkpoints folder and run with trainer.resume=false.")
+
+
+DAMAGED_PREFIX = "damaged-"
+
+
+def set_aside(folders: list[Path]) -> str:
+    """Rename damaged checkpoints to ``checkpoints/damaged-step-N`` (kept for inspection, no longer a checkpoint: they
+    would count among the newest ones kept); returns the note for the warning."""
+    moved = []
+    for folder in folders:
+        target = folder.with_name(DAMAGED_PREFIX + folder.name)
+        try:
+            if target.exists():
+                shutil.rmtree(target)
+            folder.rename(target)
+            moved.append(target.name)
+        except OSError:
+            pass
+    return f" (the damaged one is kept as checkpoints/{', '.join(moved)})" if moved else ""
 
 
 def continue_schedule(optimizer, scheduler, saved_horizon: int | None, horizon: int) -> None:

@@ -163,3 +163,12 @@ def test_a_damaged_trainer_state_is_named(tmp_path, content):
     with pytest.raises(DamagedCheckpoint) as err:
         load_trainer_state(folder)
     assert str(err.value).startswith(f"{folder / STATE_FILE} cannot be read") and "\n" not in str(err.value)
+
+
+def test_numpy_values_in_the_trainer_state_are_stored_as_plain_numbers(tmp_path):
+    """A plugin state or metric that is a numpy scalar or array would need numpy's pickling globals; it is stored as a
+    Python number / list so the file still loads with weights_only=True (load_trainer_state)."""
+    folder = save_checkpoint(tmp_path, 1, lora(1), {"step": 1, "algo": {"beta": np.float64(0.25),
+                                                                        "history": np.arange(3)}})
+    state = torch.load(folder / STATE_FILE, weights_only=True)
+    assert state["algo"] == {"beta": 0.25, "history": [0, 1, 2]} and type(state["algo"]["beta"]) is float

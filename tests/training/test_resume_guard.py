@@ -157,6 +157,9 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(run_dir, cap
     warning = [r.message for r in caplog.records if "damaged" in r.message]
     assert warning and str(newest) in warning[0] and "step-000001" in warning[0]
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    # set aside (not a checkpoint any more, so the newest two kept are the resumed run's)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["damaged-step-000002", "step-000002",
+                                                                          "step-000003"]
 
 
 def test_when_every_checkpoint_is_damaged_resume_is_refused_in_one_line(run_dir):
