@@ -58,10 +58,10 @@ from prefzoo.algos import get_algorithm
 from prefzoo.algos.base import ROLLOUT_SEED_COLUMN, Algorithm, Batch, SamplingParams
 from prefzoo.config import Config, resolve_objective
 from prefzoo.data.preference import collate_preferences
+from prefzoo.errors import CheckpointError
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.models.loading import load_tokenizer
 from prefzoo.training.early_stopping import EarlyStopping
-from prefzoo.errors import CheckpointError
 from prefzoo.training.checkpoint import (load_trainer_state, load_weights, rng_state, save_checkpoint, save_weights,
                                          set_rng_state)
 from prefzoo.training.distributed import DataParallel, TrainableModules, setup_data_parallel
@@ -262,8 +262,8 @@ class Trainer:
     def maybe_resume(self) -> bool:
         point = self.folder.resume  # checked against the config before the model loaded (prefzoo.training.resume)
         if point is None:
-            if self.cfg.trainer.resume:  # nothing to resume: a fresh start (warned), steps of a run that saved nothing go
-                self.metrics_log.truncate_after(0)
+            if self.cfg.trainer.resume:  # nothing to resume (warned): start afresh, without the steps of a run that
+                self.metrics_log.truncate_after(0)  # died before its first checkpoint
             return False
         ckpt, state = point.folder, point.state if point.state is not None else load_trainer_state(point.folder)
         point.state = None

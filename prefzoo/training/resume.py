@@ -139,9 +139,10 @@ def find_resume_point(cfg, run_dir: Path) -> ResumePoint | None:
                         set_aside([f for f, _ in damaged]))
         check_run_config(cfg, run_dir, folder, saved)
         return ResumePoint(folder, state)
-    raise CheckpointError(f"trainer.resume=true: every checkpoint in {run_dir / 'checkpoints'} is damaged ("
-                          + "; ".join(f"{f.name}: {e}" for f, e in damaged) + "), so nothing can be resumed. Start "
-                          "again in another folder, or remove the checkpoints folder and run with trainer.resume=false.")
+    reasons = "; ".join(f"{f.name}: {e}" for f, e in damaged)
+    raise CheckpointError(f"trainer.resume=true: every checkpoint in {run_dir / 'checkpoints'} is damaged ({reasons}), "
+                          "so nothing can be resumed. Start again in another folder, or remove the checkpoints folder "
+                          "and run with trainer.resume=false.")
 
 
 DAMAGED_PREFIX = "damaged-"
