@@ -9,7 +9,9 @@ once). Each asserts: an illegal input exits with status 2 and ONE line ``prefzoo
 no model loaded for the in-process refusals); a legal input (resume after damage, nothing to resume, a stale lock,
 more steps) exits 0 with a warning naming what happened.
 
-One real run (DPO, tiny model, 2 steps, a checkpoint after each) is prepared once; each case works on a copy.
+One real run (DPO, tiny model, 2 steps, a checkpoint after each) is prepared once; each case works on a copy. The
+subprocesses run one at a time in the background while the in-process cases run: about 65 s of CPU in all (each
+``train.py`` refusal of a resume pays ~7 s of imports; an output folder refusal ~2.5 s, before Hydra starts).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import pytest
 import torch
 
 from prefzoo import cli
-from prefzoo.training import setup
+from prefzoo.training import loop, setup
 from prefzoo.training.checkpoint import STATE_FILE
 from prefzoo.training.run_folder import LOCK_FILE
 from tests.models.helpers import threads
@@ -199,16 +201,17 @@ CASES = [
 def prepared(tmp_path_factory):
     """The real run every case starts from (in this process, through run_from_hydra in its folder)."""
     run = tmp_path_factory.mktemp("prepared") / "run"
-    run.mkdir()
-    old = Path.cwd()
-    os.chdir(run)
-    try:
-        with threads(1):
-            cli.run_from_hydra(composed(*BASE))
-    finally:
-        os.chdir(old)
+    with pytest.MonkeyPatch.context() as patch, threads(1):
+        in_folder(patch, run)
+        cli.run_from_hydra(composed(*BASE))
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
     return run
+
+
+def in_folder(patch: pytest.MonkeyPatch, run: Path) -> None:
+    """run_from_hydra outside Hydra's main: its run folder is ``run`` (Hydra's would be hydra.run.dir), one job."""
+    patch.setattr(cli, "run_dir", lambda: run)
+    patch.setattr(cli, "in_multirun", lambda: False)
 
 
 def case_folder(case: Case, prepared: Path, base: Path) -> tuple[Path, list[str]]:
@@ -292,13 +295,14 @@ def check(case: Case, rc: int, out: str, err: str, run: Path, before: dict) -> N
 def test_bad_input_in_process(case, prepared, tmp_path, monkeypatch, capsys, caplog):
     run, overrides = case_folder(case, prepared, tmp_path)
     before = snapshot(run)
-    if not case.legal:  # refusals come before any model or tokenizer loads
+    if not case.legal:  # refusals come before the trainer is built, so before any model or tokenizer loads
         def tripwire(*_a, **_k):
-            raise AssertionError("a model or tokenizer was loaded before the refusal")
+            raise AssertionError("the trainer, a model or a tokenizer was built before the refusal")
 
+        monkeypatch.setattr(loop, "Trainer", tripwire)
         monkeypatch.setattr(setup, "load_causal_lm", tripwire)
         monkeypatch.setattr(setup, "load_tokenizer", tripwire)
-    monkeypatch.chdir(run)
+    in_folder(monkeypatch, run)
     rc = 0
     with threads(1), caplog.at_level(logging.WARNING):
         try:

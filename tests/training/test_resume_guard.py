@@ -121,6 +121,16 @@ def test_each_checkpoint_stores_the_run_defining_config(prepared):
         assert free not in stored
 
 
+def test_a_checkpoint_without_run_config_resumes_with_a_warning(run_dir, caplog):
+    """Checkpoints written before run_config.json existed: nothing to compare against, said in a warning."""
+    for stored in (run_dir / "checkpoints").glob("step-*/run_config.json"):
+        stored.unlink()
+    with caplog.at_level(logging.WARNING):
+        summary = loop.Trainer(resumed(max_steps=3), run_dir).run()
+    assert summary["steps"] == 3
+    assert any("has no run_config.json" in r.message for r in caplog.records)
+
+
 # ------------------------------------------------------------------ item 7: the learning rate on resume
 def test_a_changed_learning_rate_is_refused(run_dir):
     """Before the fix: trainer.lr=1e-3 was ignored (step 3 logged lr 0.0, the old schedule's) while config.yaml said
