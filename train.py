@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from prefzoo.cli import register_configs, reject_renamed_keys, run_from_hydra, secondary_process_overrides
+from prefzoo.training.run_folder import refuse_unusable_output_dir
 
 register_configs()
 # conf/hydra/launcher/submitit_*.yaml spell out hydra-submitit-launcher's fields (documented) under the plugin's own
@@ -32,4 +33,5 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     reject_renamed_keys(sys.argv[1:])  # old key names (algo.num_generations, ...) fail naming the new one
     sys.argv = secondary_process_overrides(sys.argv)  # torchrun / accelerate launch: only rank 0 writes
+    refuse_unusable_output_dir(sys.argv)  # a file or read-only hydra.run.dir: one line, before Hydra's traceback
     sys.exit(main())

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prefzoo import config as _config
 from prefzoo.config import Config
-from prefzoo.errors import ConfigError, PrefzooError
+from prefzoo.errors import ConfigError, PrefzooError, RunFolderError
 
 log = logging.getLogger("prefzoo")
 
@@ -143,18 +143,19 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         typed = to_typed(cfg)
         from prefzoo.training.distributed import setup_data_parallel
         from prefzoo.training.loop import Trainer, write_resolved_config
+        from prefzoo.training.run_folder import open_run_folder
         from prefzoo.training.setup import pick_device
 
         dp = setup_data_parallel(typed, pick_device(typed.trainer.device))
         out = Path(dp.broadcast_object(str(run_dir())))
+        folder = open_run_folder(typed, out, dp)  # writable, not in use, resumable with this config: before config.yaml
         if dp.is_main:
-            out.mkdir(parents=True, exist_ok=True)
             write_resolved_config(typed, out)
-        summary = Trainer(typed, out, dp).run()
+        summary = Trainer(typed, out, dp, folder=folder).run()
     except PrefzooError as err:
         from prefzoo.training.distributed import launched_rank
 
-        if launched_rank() == 0 or not isinstance(err, ConfigError):  # every process finds the same config error
+        if launched_rank() == 0 or not isinstance(err, (ConfigError, RunFolderError)):  # the same error everywhere
             print(f"prefzoo: error: {err}", file=sys.stderr)
         if in_multirun():  # let Hydra record the failed job and go on with the sweep
             raise

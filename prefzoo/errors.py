@@ -13,7 +13,8 @@ import it (the objective layer's :class:`~prefzoo.objective.ObjectiveError` is a
 
 from __future__ import annotations
 
-__all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError", "PluginError", "CheckpointError"]
+__all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError", "PluginError",
+           "RunFolderError", "CheckpointError"]
 
 
 class PrefzooError(Exception):
@@ -40,5 +41,9 @@ class PluginError(PrefzooError, TypeError):
     """An algorithm plugin does not keep the plugin contract (see :mod:`prefzoo.algos.base`)."""
 
 
-class CheckpointError(PrefzooError, RuntimeError):
-    """A checkpoint cannot be written, read, or resumed from as asked."""
+class RunFolderError(PrefzooError, RuntimeError):
+    """The run folder cannot be used as asked: another run holds it, or it cannot be written."""
+
+
+class CheckpointError(RunFolderError):
+    """A checkpoint cannot be written (disk full) or read (damaged, or holding objects that would run code)."""

@@ -58,13 +58,16 @@ from prefzoo.algos.base import Algorithm, Declaration
 from prefzoo.types import ROLLOUT_SEED_COLUMN, Batch, SamplingParams
 from prefzoo.config import Config, resolve_defaults, resolve_objective
 from prefzoo.data.preference import collate_preferences
+from prefzoo.errors import CheckpointError
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.models.loading import load_tokenizer
 from prefzoo.training.early_stopping import EarlyStopping
-from prefzoo.training.checkpoint import (latest_checkpoint, load_trainer_state, load_weights, rng_state,
-                                         save_checkpoint, save_weights, set_rng_state)
+from prefzoo.training.checkpoint import (load_trainer_state, load_weights, rng_state, save_checkpoint, save_weights,
+                                         set_rng_state)
 from prefzoo.training.distributed import DataParallel, TrainableModules, setup_data_parallel
 from prefzoo.training.metrics_log import MetricsLog
+from prefzoo.training.resume import continue_schedule, run_config
+from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
 from prefzoo.training.sampler import IndexSampler
 from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
@@ -109,11 +112,12 @@ class Trainer:
 
     ``dp``: this process's place among data-parallel processes (default: set up from the launch environment
     by :func:`~prefzoo.training.distributed.setup_data_parallel`; a single process when not launched as several).
+    ``folder``: ``run_dir`` already checked, locked and its resume point found by
+    :func:`~prefzoo.training.run_folder.open_run_folder` (default: done here, before any model loads).
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, dp: DataParallel | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, dp: DataParallel | None = None, folder: RunFolder | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         t = cfg.trainer
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
@@ -121,6 +125,7 @@ class Trainer:
         self.dp = dp if dp is not None else setup_data_parallel(cfg, pick_device(t.device))
         self.device = self.dp.device or pick_device(t.device)
         resolve_defaults(cfg)
+        self.folder = folder if folder is not None else open_run_folder(cfg, self.run_dir, self.dp)
         algo_cls = algorithm_class(cfg.algo)
         self.objective = resolve_objective(cfg)
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -261,16 +266,21 @@ class Trainer:
                 "rng": rng, "rng_per_process": self.dp.gather_objects(rng) if self.dp.enabled else None,
                 "kl_spent": self.kl_spent, "eval_history": self.eval_history, "train_seconds": self.train_seconds,
                 "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
+                "optimizer_steps": self.optimizer_steps,
                 "value_model": self.policy.value_model.state_dict() if self.policy.value_model is not None else None}
 
     def maybe_resume(self) -> bool:
-        ckpt = latest_checkpoint(self.run_dir)
-        if not self.cfg.trainer.resume or ckpt is None:
+        point = self.folder.resume  # checked against the config before the model loaded (prefzoo.training.resume)
+        if point is None:
+            if self.cfg.trainer.resume:  # nothing to resume (warned): start afresh, without the steps of a run that
+                self.metrics_log.truncate_after(0)  # died before its first checkpoint
             return False
-        state = load_trainer_state(ckpt)
+        ckpt, state = point.folder, point.state if point.state is not None else load_trainer_state(point.folder)
+        point.state = None
         load_weights(self.model, ckpt)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        continue_schedule(self.optimizer, self.scheduler, state.get("optimizer_steps"), self.optimizer_steps)
         self.sampler.load_state_dict(state["sampler"])
         self.algo.load_state_dict(state["algo"])
         if state.get("value_model") is not None:
@@ -291,8 +301,15 @@ class Trainer:
     def save(self) -> None:
         """Write a checkpoint (main process; every process calls this, and waits until it is written)."""
         state = self.trainer_state()
+        error = None
         if self.dp.is_main:
-            save_checkpoint(self.run_dir, self.step, self.model, state)
+            try:  # a failed write (full disk) keeps the previous checkpoints and stops every process cleanly
+                save_checkpoint(self.run_dir, self.step, self.model, state, run_config=run_config(self.cfg))
+            except CheckpointError as err:
+                error = err
+        error = self.dp.broadcast_object(error)
+        if error is not None:
+            raise error
         self.dp.barrier()
 
     # --------------------------------------------------------------------- run
@@ -409,6 +426,7 @@ class Trainer:
             summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason, weights)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.metrics_log.close()
+        unlock_run_folder(self.run_dir)
         return self.dp.broadcast_object(summary)  # every process returns the main process's summary
 
 

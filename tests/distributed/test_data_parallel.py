@@ -142,8 +142,9 @@ def test_dpo_main_process_alone_writes_logs_and_checkpoints(launched):
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert checkpoints == ["step-000002", "step-000003"]
     for ckpt in checkpoints:
-        assert sorted(p.name for p in (run / "checkpoints" / ckpt).iterdir()) == ["adapter", "trainer_state.pt"]
-    state = torch.load(run / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=False)
+        assert sorted(p.name for p in (run / "checkpoints" / ckpt).iterdir()) == ["adapter", "run_config.json",
+                                                                                  "trainer_state.pt"]
+    state = torch.load(run / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=True)
     assert len(state["rng_per_process"]) == 2  # each process resumes with its own random state
 
 

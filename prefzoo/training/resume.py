@@ -1,0 +1,182 @@
+"""Resuming a run (``trainer.resume=true``): which checkpoint, whether the config may continue it, and its schedule.
+
+* **What defines a run** (:func:`run_config`): every setting but those in :data:`MAY_CHANGE`: the algorithm and its
+  settings, the model and adapter shape, the data, the reward, the objective, the rollout sampling, the seed, the
+  optimiser and its learning-rate schedule (``trainer.lr``, ``lr_schedule``, ``warmup_steps``, ``weight_decay``),
+  the batch size, gradient clipping, and early stopping's metric, mode and min_delta. Each checkpoint stores them in
+  ``run_config.json``; resuming with any of them changed is refused with every differing key and its two values
+  (:func:`check_run_config`), before any model loads.
+* **What may change** (:data:`MAY_CHANGE`): ``trainer.max_steps``, the evaluation (``eval.*``), logging and progress
+  (``log_every``, ``progress``, ``tensorboard``), ``save_every``, the device and threads, ``micro_batch_size`` and the
+  fast paths (the same update, up to float rounding), early stopping's ``every`` / ``patience``, and
+  ``objective.kl_budget`` (a stopping rule, like max_steps).
+* **Which checkpoint** (:func:`find_resume_point`): the newest complete one that can be read; a damaged one is
+  skipped with a warning naming it. Nothing to resume: a warning, and the run starts from scratch.
+* **The learning rate** (:func:`continue_schedule`): a changed ``trainer.max_steps`` rebuilds the schedule for the new
+  horizon, continued at the current optimizer step (the lr a run started with that max_steps has there), with a
+  warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefzoo.errors import CheckpointError, ConfigError
+from prefzoo.training.checkpoint import (DamagedCheckpoint, check_weights, complete_checkpoints, load_run_config,
+                                         load_trainer_state)
+
+log = logging.getLogger(__name__)
+
+#: Settings that may differ between a run and its resumption (a key, or a prefix ending in ".").
+MAY_CHANGE = ("trainer.max_steps", "trainer.resume", "trainer.progress", "trainer.tensorboard", "trainer.device",
+              "trainer.num_threads", "trainer.save_every", "trainer.log_every", "trainer.micro_batch_size",
+              "trainer.early_stopping.every", "trainer.early_stopping.patience", "objective.kl_budget",
+              "model.fast.", "model.gradient_checkpointing", "eval.")
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def may_change(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in MAY_CHANGE)
+
+
+def run_config(cfg) -> dict:
+    """The run-defining settings of ``cfg`` as ``{"algo.name": "dpo", "model.lora.r": 16, ...}`` (JSON values)."""
+    tree = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+    flat = {k: v for k, v in _flatten(tree).items() if not may_change(k)}
+    return json.loads(json.dumps(flat, default=str))
+
+
+ABSENT = "(absent)"
+
+
+def differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(key, value in the checkpoint, value now) for every run-defining key that differs. When the algorithm differs,
+    the settings only one of the two algorithms has are left out (the algorithm's name says it)."""
+    other_algo = saved.get("algo.name") != now.get("algo.name")
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        if may_change(key):
+            continue
+        a, b = saved.get(key, ABSENT), now.get(key, ABSENT)
+        if a == b or (other_algo and key.startswith("algo.") and key != "algo.name" and ABSENT in (a, b)):
+            continue
+        out.append((key, a, b))
+    return out
+
+
+def check_run_config(cfg, run_dir: Path, folder: Path, saved: dict | None) -> None:
+    """Refuse to resume the run in ``run_dir`` from checkpoint ``folder`` with run-defining settings changed.
+
+    Raises:
+        ConfigError: one line listing ``key: <checkpoint value> (checkpoint) vs <value> (now)`` for each change.
+    """
+    if saved is None:
+        log.warning("%s has no %s (a checkpoint of an earlier prefzoo): the settings it was made with cannot be "
+                    "checked against this run's", folder, "run_config.json")
+        return
+    diffs = differences(saved, run_config(cfg))
+    if not diffs:
+        return
+    listed = "; ".join(f"{key}: {a!r} (checkpoint) vs {b!r} (now)" for key, a, b in diffs)
+    raise ConfigError(f"trainer.resume=true: the run in {run_dir} was made with other settings, which define a run and "
+                      f"cannot change on resume: {listed}. Put them back to continue it, or start a new run in another "
+                      f"folder (hydra.run.dir=...). (Checked against {folder / 'run_config.json'}; what may change on "
+                      "resume: README, 'Resuming a run'.)")
+
+
+@dataclass
+class ResumePoint:
+    """The checkpoint a run continues from, and its trainer state once read (None: read it again, elsewhere)."""
+
+    folder: Path
+    state: dict | None = None
+
+
+def find_resume_point(cfg, run_dir: Path) -> ResumePoint | None:
+    """The checkpoint ``trainer.resume=true`` continues from, checked against ``cfg`` (main process).
+
+    The newest complete checkpoint that can be read (trainer state, weights headers, run_config.json); a damaged one
+    is skipped with a warning naming it. None (with a warning) when there is nothing to resume.
+
+    Raises:
+        UnsafeCheckpoint: the trainer state would run code when loaded (never falls back: the folder is suspect).
+        CheckpointError: every checkpoint is damaged.
+        ConfigError: run-defining settings differ from the checkpoint's (:func:`check_run_config`).
+    """
+    if not cfg.trainer.resume:
+        return None
+    found = complete_checkpoints(run_dir)
+    if not found:
+        again = " (its metrics.jsonl is started again)" if (run_dir / "metrics.jsonl").is_file() else ""
+        log.warning("trainer.resume=true, but there is nothing to resume in %s (no complete checkpoint): starting "
+                    "from scratch%s", run_dir, again)
+        return None
+    damaged = []
+    for folder in reversed(found):
+        try:
+            state = load_trainer_state(folder)
+            check_weights(folder)
+            saved = load_run_config(folder)
+        except DamagedCheckpoint as err:
+            damaged.append((folder, err))
+            continue
+        if damaged:
+            log.warning("checkpoint %s is damaged (%s): resuming from the previous complete one, %s%s",
+                        ", ".join(str(f) for f, _ in damaged), "; ".join(str(e) for _, e in damaged), folder.name,
+                        set_aside([f for f, _ in damaged]))
+        check_run_config(cfg, run_dir, folder, saved)
+        return ResumePoint(folder, state)
+    reasons = "; ".join(f"{f.name}: {e}" for f, e in damaged)
+    raise CheckpointError(f"trainer.resume=true: every checkpoint in {run_dir / 'checkpoints'} is damaged ({reasons}), "
+                          "so nothing can be resumed. Start again in another folder, or remove the checkpoints folder "
+                          "and run with trainer.resume=false.")
+
+
+DAMAGED_PREFIX = "damaged-"
+
+
+def set_aside(folders: list[Path]) -> str:
+    """Rename damaged checkpoints to ``checkpoints/damaged-step-N`` (kept for inspection, no longer a checkpoint: they
+    would count among the newest ones kept); returns the note for the warning."""
+    moved = []
+    for folder in folders:
+        target = folder.with_name(DAMAGED_PREFIX + folder.name)
+        try:
+            if target.exists():
+                shutil.rmtree(target)
+            folder.rename(target)
+            moved.append(target.name)
+        except OSError:
+            pass
+    return f" (the damaged one is kept as checkpoints/{', '.join(moved)})" if moved else ""
+
+
+def continue_schedule(optimizer, scheduler, saved_horizon: int | None, horizon: int) -> None:
+    """After the scheduler state is loaded: give each parameter group the lr of the CURRENT schedule (built for
+    ``horizon`` optimizer steps) at the current optimizer step. Unchanged ``trainer.max_steps``: nothing changes (the
+    saved lr is that value, bit for bit). Changed: the schedule of a run started with the new max_steps, from here on,
+    and a warning; before, the saved lr of the old horizon was used for one step (0 at the end of a linear decay)."""
+    step = scheduler.last_epoch
+    lrs = [base * f(step) for f, base in zip(scheduler.lr_lambdas, scheduler.base_lrs)]
+    if lrs == [group["lr"] for group in optimizer.param_groups]:
+        return
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = list(lrs)
+    before = str(saved_horizon) if saved_horizon is not None else "another number of"
+    log.warning("trainer.max_steps changed on resume (the schedule's horizon: %s -> %d optimizer steps): the "
+                "learning-rate schedule is rebuilt for the new horizon and continues at optimizer step %d with lr %.6g "
+                "(the lr a run started with this max_steps has there)", before, horizon, step, lrs[0])
