@@ -51,11 +51,11 @@ def test_no_or_unknown_command_lists_the_commands(capsys):
 
 
 def test_bad_values_and_overrides_fail_in_one_line(capsys):
-    assert cli.build_pairs(["model=tiny", "data.pairs.samples_per_prompt=1"]) == 2
+    assert cli.build_pairs(["model=tiny", "data.pairs.num_samples=1"]) == 2
     assert cli.build_pairs(["model=tiny", "data.nope=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2
-    assert err[0].startswith("prefzoo: error: data.pairs.samples_per_prompt=1: a pair needs at least 2 samples")
+    assert err[0].startswith("prefzoo: error: data.pairs.num_samples=1: a pair needs at least 2 samples")
     assert err[1].startswith("prefzoo: error: Could not override 'data.nope'")
 
 

@@ -136,8 +136,8 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     for name, prompts, n, path in (("train", train_prompts, p.num_prompts, train_path),
                                    ("eval", eval_prompts, p.eval_prompts, eval_path)):
         log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
-                 p.samples_per_prompt)
-        rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.samples_per_prompt, params,
+                 p.num_samples)
+        rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.num_samples, params,
                                    p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress,
                                    require_finished=getattr(p, "require_finished", True))
         write_jsonl(path, rows)

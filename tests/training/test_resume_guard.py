@@ -73,7 +73,7 @@ def with_changes(cfg, **dotted):
     # before the fix: RuntimeError "size mismatch for base_model.model.model.layers.0...lora_A.default.weight"
     ({"model__lora__r": 8}, ["model.lora.r: 4 (checkpoint) vs 8 (now)"]),
     ({"trainer__seed": 3}, ["trainer.seed: 0 (checkpoint) vs 3 (now)"]),
-    ({"objective__beta": 0.3}, ["objective.beta: None (checkpoint) vs 0.3 (now)"]),
+    ({"objective__beta": 0.3}, ["objective.beta: 0.1 (checkpoint) vs 0.3 (now)"]),
     ({"algo__loss_type": "ipo", "trainer__batch_size": 3}, ["algo.loss_type: 'sigmoid' (checkpoint) vs 'ipo' (now)",
                                                       "trainer.batch_size: 2 (checkpoint) vs 3 (now)"]),
 ])
