@@ -20,6 +20,7 @@ from prefzoo.algos import REGISTRY, get_algorithm
 from prefzoo.algos.base import ObjectiveSettings
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
+from prefzoo.validation import check_finite, check_references, warn_idle
 
 
 @dataclass
@@ -214,6 +215,7 @@ def _positive(what: str, value, allow_zero: bool = False) -> None:
 def validate(cfg: Config) -> Config:
     """Check values and combinations; raise :class:`ConfigError` naming the key and the valid values."""
     algo_cls = get_algorithm(cfg.algo.name)
+    check_finite(cfg)  # NaN / inf in any float key (prefzoo.validation)
     o, t, d, m = cfg.objective, cfg.trainer, cfg.data, cfg.model
     if o.beta is not None and o.beta < 0:
         raise ConfigError(f"objective.beta={o.beta} is invalid: beta weighs the divergence penalty and must be "
@@ -287,6 +289,8 @@ def validate(cfg: Config) -> Config:
     check = getattr(algo_cls, "validate_config", None)
     if check is not None:
         check(cfg)
+    check_references(cfg)  # early-stopping metric, adapter folder, reward functions (prefzoo.validation)
+    warn_idle(cfg, algo_cls.trains)
     return cfg
 
 

@@ -126,3 +126,26 @@ def test_tiny_run_writes_its_files_into_the_hydra_run_dir(tiny_run):
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
     assert (run_dir / "checkpoints" / "step-000002" / "trainer_state.pt").is_file()
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["algo=grpo", "reward.functions=[tests.rewards.helpers:no_columns]"],
+     "reward.functions: reward 'tests.rewards.helpers:no_columns' (prompts, completions) cannot be called with this "
+     "data's columns [answer"),
+    (["algo=grpo", "eval.gold_reward.functions=[tests.rewards.helpers:one_argument]"],
+     "eval.gold_reward.functions: reward 'tests.rewards.helpers:one_argument' has the signature (completions)"),
+])
+def test_reward_function_errors_come_before_the_model_loads(monkeypatch, capsys, tmp_path, overrides, needle):
+    """Issue 17, item 14. Before: the model loaded first (the tripwire fired): the gold reward is built with the
+    evaluator, and a function that takes no columns fails at its first call (the first evaluation warns, the first
+    training step raises)."""
+    def tripwire(*_a, **_k):
+        raise AssertionError("a model was loaded before the reward functions were checked")
+
+    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.chdir(tmp_path)  # the run folder (outside Hydra: the current directory)
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_from_hydra(composed("model=tiny", "trainer.device=cpu", "trainer.tensorboard=false", *overrides))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefzoo: error: ") and needle in err and err.count("\n") == 1

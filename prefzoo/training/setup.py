@@ -199,6 +199,26 @@ def heldout_pair_prompts(cfg: Config, tokenizer) -> PromptSet | None:
         return None
 
 
+def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
+    """Before the model loads: each of ``reward.functions`` takes the columns of the prompts it will score in
+    training or pair building (``prompts``: the training prompts; None when the reward only serves the
+    evaluation, which warns about a reward that cannot score its prompts and goes on).
+
+    Raises:
+        ConfigError: a reward function cannot take these columns (see
+            :func:`~prefzoo.rewards.registry.check_reward_signature`).
+    """
+    if prompts is None or cfg.reward.name == "model":
+        return
+    from prefzoo.rewards.registry import check_reward_signature, resolve_reward
+
+    for spec in cfg.reward.functions:
+        try:
+            check_reward_signature(spec, resolve_reward(spec), list(prompts.columns))
+        except ConfigError as err:
+            raise ConfigError(f"reward.functions: {err}") from None
+
+
 def correctness_function(cfg: Config, prompts: PromptSet | None):
     """Exact-match function when the prompts carry an ``answer`` column, else None."""
     if prompts is None or "answer" not in prompts.columns:
