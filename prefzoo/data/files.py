@@ -4,9 +4,9 @@ the row and the line.
 ``datasets``' own JSON and CSV builders read a file column by column through pyarrow, falling back to pandas:
 an empty file, a malformed line or a non-UTF-8 byte then ends in a pyarrow/pandas traceback that names no
 line, and one non-string value in a column makes pandas coerce the whole column (a completion "118" becomes
-the int 118 in every row). Here JSON Lines, JSON and CSV files are parsed in Python, each row judged alone,
-and the rows handed to ``datasets.Dataset.from_list``; Parquet files (typed, one type per column) and Hugging
-Face datasets are read by ``datasets`` itself.
+the int 118 in every row). Here JSON Lines, JSON and CSV files are parsed in Python (Parquet files by pyarrow),
+each row judged alone, and the rows handed to ``datasets.Dataset.from_dict``; Hugging Face datasets and dataset
+folders are read by ``datasets.load_dataset`` as before.
 
 Rows and lines. ``row`` counts the file's data rows from 0, as ``table[row]`` would (blank lines are no rows);
 ``line`` is the line of the file where the row starts, counted from 1 as editors do (a CSV header is line 1).
@@ -296,13 +296,10 @@ def read_file(path: str) -> datasets.Dataset:
         raise DataError(f"data.path={path!r}: no such file. Give an existing {'/'.join(FILE_TYPES)} file.")
     if ext == ".parquet":
         try:
-            rows = pq.ParquetFile(path).metadata.num_rows
-            table = datasets.Dataset.from_parquet(path) if rows else None
+            rows = pq.read_table(path).to_pylist()
         except Exception as err:  # pyarrow's errors for a damaged or non-Parquet file
             raise DataError(f"{path}: not a readable Parquet file ({type(err).__name__}: {err}).") from None
-        if table is None:
-            raise DataError(f"{path}: the file holds no rows. Give a file with one row per preference pair or prompt.")
-        return with_origin(table)
+        return _table([(None, row, None) for row in rows], path)
     try:
         data = open(path, "rb").read()
     except OSError as err:
