@@ -44,6 +44,14 @@ def secondary_process_overrides(argv: list[str]) -> list[str]:
     return list(argv) + extra
 
 
+def check_data(typed) -> None:
+    """The first pass over ``data.path`` (:func:`prefzoo.data.check.check_data_file`), before the loop is imported."""
+    from prefzoo.algos import get_algorithm
+    from prefzoo.data.check import check_data_file
+
+    check_data_file(typed, get_algorithm(typed.algo.name).online)
+
+
 def run_from_hydra(cfg: DictConfig) -> float | None:
     """Validate ``cfg`` (before any model loads), train, and print where the results are.
 
@@ -56,6 +64,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     """
     try:
         typed = to_typed(cfg)
+        check_data(typed)  # a bad data file fails here, in seconds (prefzoo.data.check)
         from prefzoo.training.distributed import setup_data_parallel
         from prefzoo.training.loop import Trainer, write_resolved_config
         from prefzoo.training.setup import pick_device

@@ -26,6 +26,7 @@ a value of another type is a problem of its row, not a reason to convert the col
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -38,7 +39,8 @@ import pyarrow.parquet as pq
 from prefzoo.errors import DataError
 
 __all__ = ["ORIGIN", "TEXT_COLUMNS", "CHAT_ROLES", "FILE_TYPES", "read_file", "with_origin", "origin",
-           "row_label", "row_problem", "text_problem", "prompt_problem", "split_held_out"]
+           "row_label", "row_problem", "text_problem", "prompt_problem", "bad_row_error", "held_out_size",
+           "split_held_out"]
 
 #: The column holding each row's place in its file and the problems found reading it (a JSON string).
 ORIGIN = "_prefzoo_origin"
@@ -269,9 +271,8 @@ def _table(parsed: list[tuple[int | None, dict | None, str | dict | None]], path
                         "pair or prompt.")
     rows = [row for _, row, _ in parsed]
     problems = [{WHOLE_ROW: p} if isinstance(p, str) else dict(p or {}) for _, _, p in parsed]
-    columns = list(dict.fromkeys(k for row in rows if row is not None for k in row))
-    if ORIGIN in columns:
-        raise DataError(f"{path}: the column name {ORIGIN!r} is reserved by prefzoo; rename that column.")
+    # (an ORIGIN column in the file, of a table saved after load_table, told where ANOTHER file's rows came from)
+    columns = [k for k in dict.fromkeys(k for row in rows if row is not None for k in row) if k != ORIGIN]
     values = {}
     for name in columns:
         try:
@@ -284,6 +285,21 @@ def _table(parsed: list[tuple[int | None, dict | None, str | dict | None]], path
 
 
 def read_file(path: str) -> datasets.Dataset:
+    """A local data file as a table (see :func:`_read_file`), read once per version of the file: a run's early
+    check (:mod:`prefzoo.data.check`) and its data set-up share it."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return _read_file(path)
+    return _read_file_once(os.path.abspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, path)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_file_once(_abspath: str, _inode: int, _size: int, _mtime_ns: int, path: str) -> datasets.Dataset:
+    return _read_file(path)
+
+
+def _read_file(path: str) -> datasets.Dataset:
     """A local ``.jsonl``/``.json``/``.csv``/``.parquet`` file as a ``datasets.Dataset`` with :data:`ORIGIN`.
 
     Raises:
@@ -315,6 +331,25 @@ def read_file(path: str) -> datasets.Dataset:
     return _table(parsed, path)
 
 
+def bad_row_error(source: str, where: str, problem) -> DataError:
+    """The error of a bad row under ``data.on_bad_row=error``: where (file, row, line), what, and the two fixes."""
+    return DataError(f"{source}, {where}: {problem}. Fix the row, or set data.on_bad_row=skip to drop bad rows.")
+
+
+def held_out_size(n: int, fraction: float, source: str) -> int:
+    """Rows ``train_test_split(test_size=fraction)`` holds out of ``n``: ceil(fraction * n).
+
+    Raises:
+        DataError: that leaves no row to train on.
+    """
+    held = math.ceil(fraction * n)
+    if n - held < 1:
+        raise DataError(f"{source} has {n} row{'s' if n != 1 else ''}: too few to hold out data.eval_fraction="
+                        f"{fraction} of them ({held}) and train on the rest. Give at least {held + 1} rows, or "
+                        "a separate held-out split with data.eval_split.")
+    return held
+
+
 def split_held_out(table: datasets.Dataset, fraction: float, seed: int, source: str):
     """(train, held-out) parts of ``table``, as ``table.train_test_split(test_size=fraction, seed=seed)`` makes
     them, after checking that both get a row (the held-out part holds ceil(fraction * n) rows).
@@ -322,11 +357,6 @@ def split_held_out(table: datasets.Dataset, fraction: float, seed: int, source: 
     Raises:
         DataError: the table is too small to hold out a part and train on the rest.
     """
-    n = table.num_rows
-    held = math.ceil(fraction * n)
-    if n - held < 1:
-        raise DataError(f"{source} has {n} row{'s' if n != 1 else ''}: too few to hold out data.eval_fraction="
-                        f"{fraction} of them ({held}) and train on the rest. Give at least {held + 1} rows, or "
-                        "a separate held-out split with data.eval_split.")
+    held_out_size(table.num_rows, fraction, source)
     parts = table.train_test_split(test_size=fraction, seed=seed)
     return parts["train"], parts["test"]

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos.base import Batch, SequenceBatch
-from prefzoo.data.files import prompt_problem, read_file, row_label, row_problem, text_problem, with_origin
+from prefzoo.data.files import (bad_row_error, prompt_problem, read_file, row_label, row_problem, text_problem,
+                                 with_origin)
 from prefzoo.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -172,8 +173,7 @@ def tokenize_preferences(table: datasets.Dataset, tokenizer, max_length: int, ma
                                  "no room for the completion (raise data.max_length or set data.max_prompt_length)")
         except ValueError as err:
             if on_bad_row != "skip":
-                raise DataError(f"{source}, {where}: {err}. Fix the row, or set data.on_bad_row=skip to drop "
-                                "bad rows.") from None
+                raise bad_row_error(source, where, err) from None
             bad.append((where, str(err)))
             continue
         truncated += cut

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import datasets
 
 from prefzoo.algos.base import PromptBatch
-from prefzoo.data.files import ORIGIN, prompt_problem, row_label, row_problem
+from prefzoo.data.files import ORIGIN, bad_row_error, prompt_problem, row_label, row_problem
 from prefzoo.data.preference import load_table, pad_rows, prompt_text
 from prefzoo.errors import DataError
 
@@ -81,7 +81,7 @@ def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int 
                                  "(raise data.max_prompt_length)")
         except ValueError as err:
             if on_bad_row != "skip":
-                raise DataError(f"{source}, {where}: {err}. Fix the row, or set data.on_bad_row=skip.") from None
+                raise bad_row_error(source, where, err) from None
             bad.append((where, str(err)))
             continue
         ids.append(tok)
