@@ -251,3 +251,19 @@ def test_reward_functions_are_checked_in_validation(override, needle):
     with pytest.raises(ConfigError) as err:
         typed(override)
     assert needle in str(err.value)
+
+
+def test_the_early_stopping_names_are_the_keys_the_evaluation_writes():
+    """prefzoo/evaluation/metrics.py lists the names without importing the evaluator; read the keys the evaluator
+    writes (``out["..."]`` and dict literals) from its source and compare, leaving out the non-numeric ones and the
+    counts (``pass_at_<k>`` is an f-string key, checked by name)."""
+    import re
+
+    from prefzoo.evaluation.metrics import metric_names
+
+    source = (Path(__file__).resolve().parents[1] / "prefzoo" / "evaluation" / "evaluate.py").read_text()
+    written = set(re.findall(r'out\["(\w+)"\]', source)) | set(re.findall(r'"(\w+)": ', source))
+    written -= {"greedy_examples", "sample_examples", "kl_method", "prompt", "completion", "n_pairs", "n_problems"}
+    assert written == set(metric_names())
+    assert 'f"pass_at_{k}"' in source and 'f"pass_at_{k}_se"' in source
+    assert {"pass_at_4", "pass_at_4_se"} <= set(metric_names(4))

@@ -317,7 +317,8 @@ def _read_file(path: str) -> datasets.Dataset:
             raise DataError(f"{path}: not a readable Parquet file ({type(err).__name__}: {err}).") from None
         return _table([(None, row, None) for row in rows], path)
     try:
-        data = open(path, "rb").read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as err:
         raise DataError(f"{path}: cannot read the file ({err.strerror}).") from None
     if ext == ".jsonl":
