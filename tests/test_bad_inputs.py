@@ -98,6 +98,7 @@ def no_model(monkeypatch, tmp_path):
     """Data and reward cases: the run may read data, not load a model (the run folder is a temporary one)."""
     monkeypatch.setattr(setup, "load_causal_lm", tripwire)
     monkeypatch.setattr(loop, "load_tokenizer", lambda name: tokenizer())
+    monkeypatch.setattr(cli, "run_dir", lambda: tmp_path)  # (outside Hydra; whatever another test left in HydraConfig)
     monkeypatch.chdir(tmp_path)
 
 

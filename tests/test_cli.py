@@ -143,7 +143,7 @@ def test_reward_function_errors_come_before_the_model_loads(monkeypatch, capsys,
         raise AssertionError("a model was loaded before the reward functions were checked")
 
     monkeypatch.setattr(setup, "load_causal_lm", tripwire)
-    monkeypatch.chdir(tmp_path)  # the run folder (outside Hydra: the current directory)
+    monkeypatch.setattr(cli, "run_dir", lambda: tmp_path)  # (outside Hydra; whatever another test left in HydraConfig)
     with pytest.raises(SystemExit) as exit_:
         cli.run_from_hydra(composed("model=tiny", "trainer.device=cpu", "trainer.tensorboard=false", *overrides))
     assert exit_.value.code == 2
