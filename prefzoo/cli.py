@@ -96,7 +96,14 @@ def to_typed(cfg: DictConfig) -> Config:
     else:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
-    cls.validate_settings(typed.algo, _config.resolve_objective(typed))
+    from prefzoo.types import SamplingParams
+    from prefzoo.validation import check_references, warn_idle
+
+    r = typed.rollout  # building the plugin runs its validate_settings on the resolved objective
+    needs = cls(typed.algo, _config.resolve_objective(typed),
+                SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)).declaration
+    check_references(typed, needs.num_samples)  # early-stopping metric, adapter folder, reward functions
+    warn_idle(typed, needs.trains)
     return typed
 
 
@@ -129,6 +136,14 @@ def secondary_process_overrides(argv: list[str]) -> list[str]:
     return list(argv) + extra
 
 
+def check_data(typed) -> None:
+    """The first pass over ``data.path`` (:func:`prefzoo.data.check.check_data_file`), before the loop is imported."""
+    from prefzoo.algos import get_algorithm
+    from prefzoo.data.check import check_data_file
+
+    check_data_file(typed, get_algorithm(typed.algo.name).online)
+
+
 def run_from_hydra(cfg: DictConfig) -> float | None:
     """Validate ``cfg`` (before any model loads), train, and print where the results are.
 
@@ -141,6 +156,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     """
     try:
         typed = to_typed(cfg)
+        check_data(typed)  # a bad data file fails here, in seconds (prefzoo.data.check)
         from prefzoo.training.distributed import setup_data_parallel
         from prefzoo.training.loop import Trainer, write_resolved_config
         from prefzoo.training.run_folder import open_run_folder

@@ -27,6 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from prefzoo.types import ObjectiveSettings
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
+from prefzoo.validation import check_finite
 
 
 @dataclass
@@ -248,6 +249,7 @@ def validate(cfg: Config) -> Config:
     """Resolve the algorithm's defaults, then check values and combinations; raise :class:`ConfigError` naming the
     key and the valid values. (A plugin's own settings are checked by its ``validate_settings``, see the CLI.)"""
     resolve_defaults(cfg)
+    check_finite(cfg)  # NaN / inf in any float key (prefzoo.validation)
     o, t, d, m = cfg.objective, cfg.trainer, cfg.data, cfg.model
     if o.beta is not None and o.beta < 0:
         raise ConfigError(f"objective.beta={o.beta} is invalid: beta weighs the divergence penalty and must be "

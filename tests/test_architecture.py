@@ -20,13 +20,14 @@ ROOT = Path(prefzoo.__file__).parent
 
 #: room -> the rooms it may import (besides itself). ``errors`` is a leaf everyone may import.
 BASE = {"errors"}
-MIDDLE = {"types", "objective", "config", "models", "data", "rollout", "rewards", "evaluation"}
+MIDDLE = {"types", "objective", "config", "validation", "models", "data", "rollout", "rewards", "evaluation"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "objective": BASE,
     "types": BASE | {"objective"},
     "algos": BASE | {"objective", "types"},
-    "config": BASE | {"objective", "types"},
+    "config": BASE | {"objective", "types", "validation"},
+    "validation": BASE | MIDDLE,  # config's checks of names and paths (reward functions, adapters, metrics)
     # models, data, rollout, rewards, evaluation: the shared vocabulary and each other, never algos or the loop
     **{room: BASE | MIDDLE for room in ("models", "data", "rollout", "rewards", "evaluation")},
     "training": BASE | MIDDLE | {"algos"},

@@ -126,3 +126,50 @@ def test_tiny_run_writes_its_files_into_the_hydra_run_dir(tiny_run):
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
     assert (run_dir / "checkpoints" / "step-000002" / "trainer_state.pt").is_file()
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["algo=grpo", "reward.functions=[tests.rewards.helpers:no_columns]"],
+     "reward.functions: reward 'tests.rewards.helpers:no_columns' (prompts, completions) cannot be called with this "
+     "data's columns [answer"),
+    (["algo=grpo", "eval.gold_reward.functions=[tests.rewards.helpers:one_argument]"],
+     "eval.gold_reward.functions: reward 'tests.rewards.helpers:one_argument' has the signature (completions)"),
+])
+def test_reward_function_errors_come_before_the_model_loads(monkeypatch, capsys, tmp_path, overrides, needle):
+    """Issue 17, item 14. Before: the model loaded first (the tripwire fired): the gold reward is built with the
+    evaluator, and a function that takes no columns fails at its first call (the first evaluation warns, the first
+    training step raises)."""
+    def tripwire(*_a, **_k):
+        raise AssertionError("a model was loaded before the reward functions were checked")
+
+    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(cli, "run_dir", lambda: tmp_path)  # (outside Hydra; whatever another test left in HydraConfig)
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_from_hydra(composed("model=tiny", "trainer.device=cpu", "trainer.tensorboard=false", *overrides))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefzoo: error: ") and needle in err and err.count("\n") == 1
+
+
+@pytest.mark.slow  # ~15 s of CPU: the tiny model samples 8 + 4 prompts, 2 DPO steps, 2 evaluations
+def test_tiny_dpo_on_the_default_data_runs(tmp_path):
+    """Issue 17, item 15: ``python train.py model=tiny algo=dpo``, the first thing a newcomer tries (here with
+    fewer prompts and steps, in a cache of its own). The random model never answers right, so the built-in pairs
+    take the known answer as chosen, and the log says so. Before: the empty pair set was cached and the run ended
+    in a StopIteration traceback from datasets."""
+    from prefzoo.models.loading import TOKENIZER_CACHE_NAME, cache_dir
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / TOKENIZER_CACHE_NAME).symlink_to(cache_dir() / TOKENIZER_CACHE_NAME)
+    args = ["model=tiny", "algo=dpo", "data.pairs.num_prompts=8", "data.pairs.eval_prompts=4",
+            "data.pairs.max_new_tokens=8", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.progress=false",
+            "trainer.tensorboard=false", "trainer.device=cpu", "trainer.num_threads=1", "trainer.save_every=0",
+            "eval.num_problems=4", "eval.max_new_tokens=8", "eval.diversity_prompts=2", "eval.diversity_samples=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PREFZOO_CACHE": str(cache)}
+    proc = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "train preference pairs: model=tiny gave no pair of its own (sample accuracy 0.0% over 48 samples): 8 " \
+           "pairs use the task's known answer as chosen" in proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2

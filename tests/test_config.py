@@ -149,3 +149,138 @@ def test_renamed_keys_fail_naming_the_new_key(old, new):
 
     with pytest.raises(ConfigError, match=f"was renamed: use {new}"):
         check_renamed_keys(["algo=grpo", old])
+
+
+# ------------------------------------------------------------------- NaN / inf, names and paths (issue 17, 13)
+
+def float_keys(node, prefix=""):
+    """Every key of a typed config whose declared type holds a float (``float``, ``Optional[float]``,
+    ``list[float]``), found from the dataclass annotations, not from the check under test."""
+    import dataclasses
+
+    keys = []
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            keys += float_keys(value, key + ".")
+        elif "float" in str(f.type):
+            keys.append((key, "list" in str(f.type)))
+    return keys
+
+
+def nan_inf_cases():
+    from prefzoo.algos import REGISTRY
+
+    base = typed("model=tiny")
+    cases = [("dpo", key, is_list) for key, is_list in float_keys(base) if not key.startswith("algo.")]
+    for name, cls in sorted(REGISTRY.items()):
+        cases += [(name, f"algo.{key}", is_list) for key, is_list in float_keys(cls.config_class())]
+    return cases
+
+
+NAN_INF = nan_inf_cases()
+
+
+def test_the_float_keys_cover_every_part_of_the_config():
+    keys = {key for _, key, _ in NAN_INF}
+    assert {"objective.beta", "trainer.lr", "trainer.max_grad_norm", "data.pairs.temperature", "reward.weights",
+            "algo.label_smoothing", "algo.gae_gamma", "algo.clip_eps_low", "model.lora.dropout"} <= keys
+    assert len(NAN_INF) >= 30
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_every_float_key_refuses_nan_and_inf(value):
+    """Before: objective.beta=nan, trainer.lr=nan, data.pairs.temperature=inf ... all passed validation (and ended in
+    tracebacks later: NaN losses, torch's 'invalid learning rate', multinomial on inf)."""
+    wrong = []
+    for algo, key, is_list in NAN_INF:
+        override = f"{key}=[{value}]" if is_list else f"{key}={value}"
+        named = f"{key}[0]={float(value)}" if is_list else f"{key}={float(value)}"
+        try:
+            typed(f"algo={algo}", "model=tiny", override)
+            wrong.append((override, "accepted"))
+        except ConfigError as err:
+            if not str(err).startswith(f"{named} is not a finite number; give a finite value"):
+                wrong.append((override, str(err)))
+    assert wrong == []
+
+
+def test_a_key_that_may_be_null_says_so():
+    with pytest.raises(ConfigError, match=r"trainer.max_grad_norm=nan is not a finite number; give a finite value "
+                                          r"\(or trainer.max_grad_norm=null\)"):
+        typed("trainer.max_grad_norm=nan")
+
+
+def test_early_stopping_metric_is_one_of_the_evaluations():
+    """Before: accepted, then a KeyError traceback at the first evaluation (after the model had loaded)."""
+    with pytest.raises(ConfigError) as err:
+        typed("trainer.early_stopping.metric=nope")
+    msg = str(err.value)
+    assert msg.startswith("trainer.early_stopping.metric='nope' is not a metric of the evaluation; choose one of: ")
+    for name in ("task_accuracy", "task_reward", "kl_k1", "preference_accuracy", "entropy"):
+        assert name in msg
+    assert typed("trainer.early_stopping.metric=task_accuracy_se").trainer.early_stopping.metric == "task_accuracy_se"
+    assert typed("algo=grpo", "trainer.early_stopping.metric=pass_at_4")  # GRPO's default group of 4
+    with pytest.raises(ConfigError, match="pass_at_4"):
+        typed("algo=dpo", "trainer.early_stopping.metric=pass_at_4")
+
+
+def test_adapter_path_must_be_an_adapter_folder(tmp_path):
+    """Before: accepted, then peft's traceback after the base model had loaded."""
+    with pytest.raises(ConfigError, match=r"model.adapter_path='.*nope' does not exist; give the folder of a trained "
+                                          r"adapter \(it holds adapter_config.json"):
+        typed(f"model.adapter_path={tmp_path / 'nope'}")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"holds no adapter_config.json.*use model.adapter_path={tmp_path}/adapter"):
+        typed(f"model.adapter_path={tmp_path}")  # a run folder: the adapter is inside
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        typed(f"model.adapter_path={tmp_path / 'file'}")
+    assert typed(f"model.adapter_path={tmp_path / 'adapter'}").model.adapter_path == str(tmp_path / "adapter")
+
+
+def test_a_zero_learning_rate_is_a_warning(caplog):
+    """Before: accepted without a word; the run trained nothing."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="prefzoo"):
+        typed("trainer.lr=0", "trainer.max_steps=5")
+        typed("trainer.lr=0", "algo=bon")  # best-of-n trains nothing anyway: no warning
+    assert [r.getMessage() for r in caplog.records] == [
+        "trainer.lr=0: the optimizer leaves every weight as it is, so the 5 steps train nothing; give a learning "
+        "rate > 0, e.g. trainer.lr=2e-4."]
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("reward.functions=[tests.rewards.nope:fn]", "reward.functions: reward 'tests.rewards.nope:fn': could not import "
+                                                 "module 'tests.rewards.nope'"),
+    ("reward.functions=[tests.rewards.helpers:nope]", "module 'tests.rewards.helpers' has no attribute 'nope'"),
+    ("reward.functions=[tests.rewards.helpers:NOT_CALLABLE]", "'NOT_CALLABLE' is not callable (it is int 42)"),
+    ("reward.functions=[tests.rewards.helpers:one_argument]", "has the signature (completions), but a reward "
+                                                              "function is called as fn(prompts, completions"),
+    ("eval.gold_reward.functions=[tests.rewards.helpers:nope]", "eval.gold_reward.functions: reward "
+                                                                "'tests.rewards.helpers:nope'"),
+])
+def test_reward_functions_are_checked_in_validation(override, needle):
+    """Before: the gold reward's and the signature's errors came after the model had loaded (the gold reward is
+    built with the evaluator; a wrong signature fails at the first call)."""
+    with pytest.raises(ConfigError) as err:
+        typed(override)
+    assert needle in str(err.value)
+
+
+def test_the_early_stopping_names_are_the_keys_the_evaluation_writes():
+    """prefzoo/evaluation/metrics.py lists the names without importing the evaluator; read the keys the evaluator
+    writes (``out["..."]`` and dict literals) from its source and compare, leaving out the non-numeric ones and the
+    counts (``pass_at_<k>`` is an f-string key, checked by name)."""
+    import re
+
+    from prefzoo.evaluation.metrics import metric_names
+
+    source = (Path(__file__).resolve().parents[1] / "prefzoo" / "evaluation" / "evaluate.py").read_text()
+    written = set(re.findall(r'out\["(\w+)"\]', source)) | set(re.findall(r'"(\w+)": ', source))
+    written -= {"greedy_examples", "sample_examples", "kl_method", "prompt", "completion", "n_pairs", "n_problems"}
+    assert written == set(metric_names())
+    assert 'f"pass_at_{k}"' in source and 'f"pass_at_{k}_se"' in source
+    assert {"pass_at_4", "pass_at_4_se"} <= set(metric_names(4))

@@ -6,6 +6,11 @@ whose samples the verifier tells apart: ``chosen`` is a best-scored sample that 
 ``rejected`` a worst-scored one, and chosen must score strictly higher (ties broken at random, seeded). Rows are written in the standard conversational preference format, so the result is
 an ordinary dataset any preference algorithm (or a user's script) can read.
 
+When the model never tells two samples of a prompt apart (a random model such as ``model=tiny`` never answers
+right), the pairs take the task's known answer (its ``answer`` column) as ``chosen`` against a sampled answer,
+with a warning saying so; a task without known answers then stops with a message giving the sample accuracy and
+what to change. An empty set is never cached.
+
 Run once with ``python -m prefzoo.cli pairs`` (same overrides as ``train.py``; :func:`prefzoo.cli.build_pairs`);
 ``train.py`` builds it on first use and caches it under ``$PREFZOO_CACHE/pairs``.
 """
@@ -24,6 +29,7 @@ import torch
 
 from prefzoo.types import SamplingParams
 from prefzoo.data.prompts import PromptSet
+from prefzoo.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +53,8 @@ def select_pair(scores: list[float], ended: list[bool], rng: random.Random) -> t
 
 @torch.no_grad()
 def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: SamplingParams, batch_size: int,
-                     seed: int, progress: bool = True, require_finished: bool = True) -> tuple[list[dict], dict]:
+                     seed: int, progress: bool = True, require_finished: bool = True,
+                     known_answer: bool = False) -> tuple[list[dict], dict]:
     """Sample k completions per prompt and turn disagreeing groups into preference rows.
 
     Args:
@@ -56,6 +63,9 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         reward_fn: ``(prompts, completions, **columns) -> list[float]``.
         require_finished: chosen must have ended by itself (EOS); False: any sample may be chosen (completions cut
             at ``params.max_new_tokens`` are compared as they are, e.g. the first sentences of a review).
+        known_answer: when no prompt gives a pair and the prompts have an ``answer`` column, pair each prompt's
+            known answer (chosen) with a worst-scored sample of it (:func:`known_answer_pairs`); ``stats`` then
+            counts them as ``known_answer_pairs``. A model that finds pairs of its own is not affected.
 
     Returns:
         (rows, stats): rows ``{prompt, chosen, rejected, chosen_reward, rejected_reward, <columns>}``;
@@ -64,7 +74,7 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
     from tqdm.auto import tqdm
 
     rng = random.Random(seed)
-    rows, rewards_all = [], []
+    rows, rewards_all, worst = [], [], []  # worst: (text, score) of a worst-scored sample of each prompt
     tok = policy.tokenizer
     starts = range(0, len(prompts), batch_size)
     for start in tqdm(starts, desc=f"sampling {k} per prompt", disable=not progress, unit="batch"):
@@ -80,6 +90,8 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         ended = (~samples.truncated).tolist() if require_finished else [True] * len(texts)
         for j, i in enumerate(idx):
             group = list(range(j * k, (j + 1) * k))
+            low = min(scores[g] for g in group)
+            worst.append(texts[next(g for g in group if scores[g] == low)])
             pick = select_pair([scores[g] for g in group], [ended[g] for g in group], rng)
             if pick is None:
                 continue
@@ -92,7 +104,31 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
             rows.append(row)
     stats = {"prompts": len(prompts), "samples": len(rewards_all), "pairs": len(rows),
              "mean_sample_reward": sum(rewards_all) / max(1, len(rewards_all))}
+    if not rows and known_answer and "answer" in prompts.columns:
+        rows = known_answer_pairs(prompts, worst, reward_fn)
+        stats.update(pairs=len(rows), known_answer_pairs=len(rows))
     return rows, stats
+
+
+def known_answer_pairs(prompts: PromptSet, rejected: list[str], reward_fn) -> list[dict]:
+    """Preference rows with the task's known answer as ``chosen`` against ``rejected[i]``, a sampled answer of
+    prompt i, kept where the verifier scores the known answer strictly higher (the fallback of a reference model
+    that never answers right, e.g. the random ``model=tiny``)."""
+    answers = [str(a) for a in prompts.columns["answer"]]
+    cols = {c: v for c, v in prompts.columns.items() if c not in ("prompt", "prompt_text")}
+    both = {c: v + v for c, v in cols.items()}
+    scores = [float(x) for x in reward_fn(prompts.texts + prompts.texts, answers + rejected, **both)]
+    n, rows = len(prompts), []
+    for i in range(n):
+        if scores[i] <= scores[n + i]:
+            continue
+        row = {"prompt": prompts.raw[i] if prompts.raw is not None else prompts.texts[i],
+               "chosen": [{"role": "assistant", "content": answers[i]}],
+               "rejected": [{"role": "assistant", "content": rejected[i]}],
+               "chosen_reward": scores[i], "rejected_reward": scores[n + i]}
+        row.update({col: v[i] for col, v in cols.items()})
+        rows.append(row)
+    return rows
 
 
 def cache_key(parts: dict) -> str:
@@ -127,25 +163,56 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
                      "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 4})
     folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
     train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
-    if train_path.is_file() and eval_path.is_file():
+    if _has_rows(train_path) and _has_rows(eval_path):  # (an empty file, cached before this check, is rebuilt)
         return train_path, eval_path, json.loads(stats_path.read_text()) if stats_path.is_file() else {}
     policy = build_policy()
     params = SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens)
     start = time.perf_counter()
-    stats = {}
+    stats, built = {}, {}
     for name, prompts, n, path in (("train", train_prompts, p.num_prompts, train_path),
                                    ("eval", eval_prompts, p.eval_prompts, eval_path)):
         log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
                  p.num_samples)
         rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.num_samples, params,
                                    p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress,
-                                   require_finished=getattr(p, "require_finished", True))
-        write_jsonl(path, rows)
+                                   require_finished=p.require_finished, known_answer=True)
+        if not rows:
+            raise DataError(no_pairs_message(cfg, name, s))
+        if s.get("known_answer_pairs"):
+            log.warning("%s preference pairs: model=%s gave no pair of its own (%s over %d samples): %d pairs use the "
+                        "task's known answer as chosen against a sampled wrong answer. A random model such as "
+                        "model=tiny never answers right; a trained one (model=smollm2) finds its own pairs.",
+                        name, cfg.model.name, _accuracy(cfg, s), s["samples"], len(rows))
+        built[path] = rows
         stats[name] = s
+    for path, rows in built.items():  # only a complete set is cached
+        write_jsonl(path, rows)
     stats["seconds"] = round(time.perf_counter() - start, 1)
     stats_path.write_text(json.dumps(stats, indent=2))
     log.info("built preference pairs in %.0f s: %s", stats["seconds"], stats)
     return train_path, eval_path, stats
+
+
+def _has_rows(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _accuracy(cfg, stats: dict) -> str:
+    """The mean sample reward, named "sample accuracy" when the reward is correctness alone."""
+    if list(cfg.reward.functions) == ["correctness"] and cfg.reward.name != "model":
+        return f"sample accuracy {stats['mean_sample_reward']:.1%}"
+    return f"mean sample reward {stats['mean_sample_reward']:.4g}"
+
+
+def no_pairs_message(cfg, split: str, stats: dict) -> str:
+    """Why the built-in pairs of ``split`` came out empty, and what to change (nothing is cached)."""
+    p = cfg.data.pairs
+    return (f"the built-in {split} preference pairs are empty: among {stats['prompts']} prompts x "
+            f"{p.num_samples} samples of model={cfg.model.name} the verifier ({', '.join(cfg.reward.functions)}) "
+            f"told no two samples of a prompt apart ({_accuracy(cfg, stats)}), and no known answer of the task "
+            "scored higher than a sample either. Nothing was cached. Raise data.pairs.num_samples or data.pairs.temperature, "
+            "set data.pairs.require_finished=false, use a model that sometimes does well, or give pairs of your "
+            "own with data=file data.path=<pairs.jsonl>.")
 
 
 if __name__ == "__main__":  # the command line lives in prefzoo.cli (importing it here would make an import circle)

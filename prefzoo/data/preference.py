@@ -14,14 +14,14 @@ truncated from the LEFT to ``max_prompt_length`` tokens (counted in a warning); 
 truncated from the RIGHT to fit ``max_length`` (then it does not end with EOS). A prompt that leaves no
 room for a completion is a bad row.
 
-Bad rows (missing column, non-string text, empty chosen/rejected, chosen == rejected, no room) raise
-:class:`~prefzoo.errors.DataError` naming the row and the problem; with ``on_bad_row="skip"`` they are
-dropped and counted in one warning.
+Bad rows (missing column, null or non-string text, an empty prompt, chosen or rejected, a chat role other
+than system/user/assistant/tool, chosen == rejected, no room; for a file also a line that is not JSON) raise
+:class:`~prefzoo.errors.DataError` naming the file's own row and line (:mod:`prefzoo.data.files`: also after
+the held-out split) and the problem; with ``on_bad_row="skip"`` they are dropped and counted in one warning.
 """
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 from dataclasses import dataclass, field
@@ -31,42 +31,38 @@ import torch
 from torch import Tensor
 
 from prefzoo.types import PreferenceBatch, SequenceBatch
+from prefzoo.data.files import (bad_row_error, prompt_problem, read_file, row_label, row_problem, text_problem,
+                                 with_origin)
 from prefzoo.errors import DataError
 
 log = logging.getLogger(__name__)
 
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # the types read from disk
 
 
 def load_table(path: str, split: str = "train") -> datasets.Dataset:
     """A ``datasets.Dataset`` from a local JSONL/JSON/Parquet/CSV file or a Hugging Face dataset name.
 
+    Local files are read row by row (:func:`prefzoo.data.files.read_file`: text stays text, each row is judged
+    alone, messages name the file's row and line); every table carries the column
+    :data:`~prefzoo.data.files.ORIGIN` (each row's place in the file), which the tokenisers drop.
+
     Raises:
-        DataError: the file does not exist, has an unknown extension, or the dataset cannot be loaded.
+        DataError: the file does not exist, has an unknown extension, cannot be read (empty, not UTF-8, ...),
+            or the dataset cannot be loaded.
     """
     ext = os.path.splitext(path)[1].lower()
     if ext in FILE_BUILDERS:
-        if not os.path.isfile(path):
-            raise DataError(f"data.path={path!r}: no such file. Give an existing .jsonl/.json/.parquet/.csv file.")
-        extra = {"features": _csv_text_features(path)} if ext == ".csv" else {}
-        return datasets.load_dataset(FILE_BUILDERS[ext], data_files=path, split="train", **extra)
+        return read_file(path)
     if os.path.exists(path):
         if os.path.isdir(path):
-            return datasets.load_dataset(path, split=split)
+            return with_origin(datasets.load_dataset(path, split=split))
         raise DataError(f"data.path={path!r}: unknown file type {ext!r}; use one of {sorted(FILE_BUILDERS)}.")
     try:
-        return datasets.load_dataset(path, split=split)
+        return with_origin(datasets.load_dataset(path, split=split))
     except Exception as err:
         raise DataError(f"could not load the dataset {path!r} (split {split!r}): {err}. Give a local file or a "
                         "Hugging Face dataset name that is reachable or cached.") from err
-
-
-def _csv_text_features(path: str) -> datasets.Features:
-    """Every CSV column read as text: left to pandas, a completion "118" becomes the int 118 (then a bad
-    row) and "02" or "2.50" silently become 2 and 2.5."""
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
-    return datasets.Features({name: datasets.Value("string") for name in header})
 
 
 def _is_messages(value) -> bool:
@@ -98,30 +94,39 @@ class PreferenceExample:
     prompt_truncated: bool = False
 
 
+PAIR_COLUMNS = ("prompt", "chosen", "rejected")
+
+
 def normalise_row(row: dict, index: int) -> tuple[object, str, str]:
     """(prompt, chosen text, rejected text) of one row; raises ValueError describing what is wrong."""
+    problem = row_problem(row, PAIR_COLUMNS)  # found reading the file (a line that is not JSON, a missing key, ...)
+    if problem is not None:
+        raise ValueError(problem)
     for col in ("chosen", "rejected"):
-        if col not in row or row[col] is None:
+        if col not in row:
             raise ValueError(f"missing column {col!r}")
+        problem = text_problem(col, row[col])
+        if problem is not None:
+            raise ValueError(problem)
     chosen, rejected = row["chosen"], row["rejected"]
-    prompt = row.get("prompt")
-    if prompt is None:
+    if "prompt" in row:
+        prompt = row["prompt"]
+    else:
         if not (_is_messages(chosen) and _is_messages(rejected)):
             raise ValueError("missing column 'prompt' (only conversational chosen/rejected can imply the prompt)")
         prompt, chosen, rejected = split_implicit_prompt(chosen, rejected)
         if not prompt:
             raise ValueError("chosen and rejected share no prompt prefix")
+    problem = prompt_problem(prompt)
+    if problem is not None:
+        raise ValueError(problem)
     texts = []
     for name, value in (("chosen", chosen), ("rejected", rejected)):
         if _is_messages(value):
             value = _message_text(value, name)
-        if not isinstance(value, str):
-            raise ValueError(f"{name} is {type(value).__name__}, expected a string or a list of messages")
         if not value.strip():
             raise ValueError(f"{name} is empty")
         texts.append(value)
-    if not (isinstance(prompt, str) or _is_messages(prompt)):
-        raise ValueError(f"prompt is {type(prompt).__name__}, expected a string or a list of messages")
     if texts[0] == texts[1]:
         raise ValueError("chosen == rejected (a pair must differ)")
     return prompt, texts[0], texts[1]
@@ -159,6 +164,7 @@ def tokenize_preferences(table: datasets.Dataset, tokenizer, max_length: int, ma
     truncated = 0
     for index, row in enumerate(table):
         try:
+            where = row_label(row, index)
             prompt, chosen, rejected = normalise_row(row, index)
             prompt_ids, cut = tokenize_prompt(tokenizer, prompt, max_prompt_length)
             room = max_length - len(prompt_ids)
@@ -167,15 +173,14 @@ def tokenize_preferences(table: datasets.Dataset, tokenizer, max_length: int, ma
                                  "no room for the completion (raise data.max_length or set data.max_prompt_length)")
         except ValueError as err:
             if on_bad_row != "skip":
-                raise DataError(f"{source}, row {index}: {err}. Fix the row, or set data.on_bad_row=skip to drop "
-                                "bad rows.") from None
-            bad.append((index, str(err)))
+                raise bad_row_error(source, where, err) from None
+            bad.append((where, str(err)))
             continue
         truncated += cut
         examples.append(PreferenceExample(prompt_ids, tokenize_completion(tokenizer, chosen, room),
                                           tokenize_completion(tokenizer, rejected, room), cut))
     if bad:
-        log.warning("%s: skipped %d bad rows (data.on_bad_row=skip); first: row %d: %s", source, len(bad), *bad[0])
+        log.warning("%s: skipped %d bad rows (data.on_bad_row=skip); first: %s: %s", source, len(bad), *bad[0])
     if truncated:
         log.warning("%s: %d prompts were longer than data.max_prompt_length=%s and were truncated from the left",
                     source, truncated, max_prompt_length)

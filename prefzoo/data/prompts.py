@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import datasets
 
 from prefzoo.types import PromptBatch
+from prefzoo.data.files import ORIGIN, bad_row_error, prompt_problem, row_label, row_problem
 from prefzoo.data.preference import load_table, pad_rows, prompt_text
 from prefzoo.errors import DataError
 
@@ -54,7 +55,9 @@ def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int 
     """Validate and tokenise a prompt table.
 
     A prompt longer than ``max_prompt_length`` tokens is a bad row (online algorithms must see the whole
-    question; raise ``data.max_prompt_length`` to keep it).
+    question; raise ``data.max_prompt_length`` to keep it); so is a null, empty or non-text prompt and a chat
+    message of an unknown role. Messages name the file's own row (and line) for a table read by
+    :func:`~prefzoo.data.preference.load_table`. The other columns (without ``ORIGIN``) go to the reward.
 
     Raises:
         DataError: missing ``prompt`` column, a bad row (with ``on_bad_row="error"``), or no usable rows.
@@ -62,17 +65,15 @@ def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int 
     if "prompt" not in table.column_names:
         raise DataError(f"{source} has no 'prompt' column (columns: {table.column_names}). Online algorithms need "
                         "a prompt per row; rename the column or choose another data set.")
-    others = [c for c in table.column_names if c != "prompt"]
+    others = [c for c in table.column_names if c not in ("prompt", ORIGIN)]
     ids, texts, raw, columns, bad = [], [], [], {c: [] for c in others}, []
     for index, row in enumerate(table):
         prompt = row["prompt"]
+        where = row_label(row, index)
         try:
-            if isinstance(prompt, str):
-                if not prompt.strip():
-                    raise ValueError("prompt is empty")
-            elif not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                                 for m in prompt)):
-                raise ValueError(f"prompt is {type(prompt).__name__}, expected a string or a list of messages")
+            problem = row_problem(row, ["prompt", *others]) or prompt_problem(prompt)
+            if problem is not None:
+                raise ValueError(problem)
             text = prompt_text(tokenizer, prompt)
             tok = tokenizer(text, add_special_tokens=False)["input_ids"]
             if max_prompt_length is not None and len(tok) > max_prompt_length:
@@ -80,8 +81,8 @@ def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int 
                                  "(raise data.max_prompt_length)")
         except ValueError as err:
             if on_bad_row != "skip":
-                raise DataError(f"{source}, row {index}: {err}. Fix the row, or set data.on_bad_row=skip.") from None
-            bad.append((index, str(err)))
+                raise bad_row_error(source, where, err) from None
+            bad.append((where, str(err)))
             continue
         ids.append(tok)
         texts.append(text)
@@ -89,7 +90,7 @@ def tokenize_prompts(table: datasets.Dataset, tokenizer, max_prompt_length: int 
         for c in others:
             columns[c].append(row[c])
     if bad:
-        log.warning("%s: skipped %d bad prompts (data.on_bad_row=skip); first: row %d: %s", source, len(bad), *bad[0])
+        log.warning("%s: skipped %d bad prompts (data.on_bad_row=skip); first: %s: %s", source, len(bad), *bad[0])
     if not ids:
         raise DataError(f"{source}: no usable prompts.")
     return PromptSet(ids, texts, columns, raw)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from numbers import Real
@@ -27,7 +28,8 @@ from prefzoo.errors import ConfigError, DataError, RewardError
 from prefzoo.rewards.arithmetic import correctness, format_reward
 from prefzoo.rewards.sentiment import sentiment
 
-__all__ = ["RewardFn", "BUILTIN_REWARDS", "resolve_reward", "reward_name", "CombinedReward", "make_reward"]
+__all__ = ["RewardFn", "BUILTIN_REWARDS", "resolve_reward", "reward_name", "check_reward_signature", "CombinedReward",
+           "make_reward"]
 
 RewardFn = Callable[..., list[float]]
 
@@ -104,6 +106,43 @@ def resolve_reward(spec: str | RewardFn) -> RewardFn:
         f"unknown reward {spec!r}; built-in rewards are {sorted(BUILTIN_REWARDS)}, or give an import "
         f"path 'package.module:function'."
     )
+
+
+_CALL = "fn(prompts, completions, **columns) -> list[float]"
+
+
+def check_reward_signature(spec: str | RewardFn, fn: RewardFn, columns: Sequence[str] | None = None) -> None:
+    """Check, without calling it, that ``fn`` can be called as ``fn(prompts, completions, **columns)``.
+
+    Args:
+        spec: how the function was named (for the message).
+        columns: the data's column names, passed as keywords; None checks only the two positional arguments
+            (a required parameter after them may still be filled by a column).
+
+    Raises:
+        ConfigError: ``fn`` takes fewer than two positional arguments, or a required positional-only one more,
+            or (with ``columns``) cannot take these columns (an unexpected one, or a required one missing).
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable without an introspectable signature: nothing to check
+        return
+    name = spec if isinstance(spec, str) else reward_name(spec)
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    stuck = [p.name for p in positional[2:] if p.kind == p.POSITIONAL_ONLY and p.default is p.empty]
+    if (len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in params)) or stuck:
+        raise ConfigError(f"reward {name!r} has the signature {sig}, but a reward function is called as {_CALL}; "
+                          "give it (prompts, completions, **columns) parameters.")
+    if columns is None:
+        return
+    try:
+        sig.bind([], [], **{c: [] for c in columns})
+    except TypeError as err:
+        hint = ("add **columns (or **_) to its parameters for the columns it does not use"
+                if "unexpected keyword" in str(err) else "give the data that column, or drop the reward")
+        raise ConfigError(f"reward {name!r} {sig} cannot be called with this data's columns "
+                          f"[{', '.join(columns)}] ({err}); it is called as {_CALL}: {hint}.") from None
 
 
 def reward_name(spec: str | RewardFn) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from prefzoo.errors import ConfigError
+
 
 class EarlyStopping:
     """Tracks the best value of one evaluation metric; ``update`` says whether to stop.
@@ -28,12 +30,12 @@ class EarlyStopping:
         """Record an evaluation; returns (improved, stop).
 
         Raises:
-            KeyError: the evaluation has no such metric (the message lists the available ones).
+            ConfigError: this run's evaluation has no such metric (the message lists the available ones).
         """
         if self.metric not in result:
             numeric = sorted(k for k, v in result.items() if isinstance(v, (int, float)))
-            raise KeyError(f"trainer.early_stopping.metric={self.metric!r} is not an evaluation metric of this run; "
-                           f"available: {', '.join(numeric)}")
+            raise ConfigError(f"trainer.early_stopping.metric={self.metric!r} is not an evaluation metric of this run; "
+                              f"available: {', '.join(numeric)}")
         value = float(result[self.metric])
         if self.improved(value):
             self.best, self.best_step, self.bad_evaluations = value, step, 0

@@ -72,7 +72,8 @@ from prefzoo.training.sampler import IndexSampler
 from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
 from prefzoo.training.scoring import TextScorer
-from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, correctness_function,
+from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns,
+                                    correctness_function,
                                     heldout_pair_prompts, pick_device, preference_data, task_prompts)
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ class Trainer:
                                                  if self.needs.online or cfg.data.path is None else (None, None))
         if self.eval_prompts is None and cfg.data.path:  # a preference file: evaluate on its held-out pairs' prompts
             self.eval_prompts = heldout_pair_prompts(cfg, self.tokenizer)
+        check_reward_columns(cfg, self.train_prompts)  # before any model loads
         self.prefs = None
         self.data_stats: dict = {}
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first

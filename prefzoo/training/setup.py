@@ -16,6 +16,7 @@ import torch
 
 from prefzoo.algos.base import Declaration
 from prefzoo.config import Config
+from prefzoo.data.files import split_held_out
 from prefzoo.data.pairs import build_or_load_pairs
 from prefzoo.data.preference import PreferenceData, load_table, tokenize_preferences
 from prefzoo.data.prompts import PromptSet, tokenize_prompts
@@ -61,10 +62,10 @@ def task_prompts(cfg: Config, tokenizer) -> tuple[PromptSet, PromptSet]:
     if d.eval_split:
         held_table = load_table(d.path, d.eval_split)
     else:
-        parts = table.train_test_split(test_size=d.eval_fraction, seed=d.seed)
-        table, held_table = parts["train"], parts["test"]
-    return (tokenize_prompts(table, tokenizer, d.max_prompt_length, d.on_bad_row, d.path),
-            tokenize_prompts(held_table, tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.path} (held out)"))
+        table, held_table = split_held_out(table, d.eval_fraction, d.seed, d.path)
+    train = tokenize_prompts(table, tokenizer, d.max_prompt_length, d.on_bad_row, d.path)
+    warn_if_smaller_than_batch(len(train), cfg.trainer.batch_size, f"{d.path}: the training prompts")
+    return train, tokenize_prompts(held_table, tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.path} (held out)")
 
 
 def preference_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | None, eval_prompts: PromptSet | None,
@@ -88,10 +89,18 @@ def preference_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet 
         if d.eval_split:
             eval_table = load_table(d.path, d.eval_split)
         else:
-            parts = train_table.train_test_split(test_size=d.eval_fraction, seed=d.seed)
-            train_table, eval_table = parts["train"], parts["test"]
+            train_table, eval_table = split_held_out(train_table, d.eval_fraction, d.seed, d.path)
     tok = lambda t, name: tokenize_preferences(t, tokenizer, d.max_length, d.max_prompt_length, d.on_bad_row, name)  # noqa
-    return PreferenceData(tok(train_table, d.path or f"{d.name} pairs"), tok(eval_table, f"{d.path or d.name} held-out pairs")), stats
+    data = PreferenceData(tok(train_table, d.path or f"{d.name} pairs"), tok(eval_table, f"{d.path or d.name} held-out pairs"))
+    warn_if_smaller_than_batch(len(data.train), cfg.trainer.batch_size, f"{d.path or d.name}: the training pairs")
+    return data, stats
+
+
+def warn_if_smaller_than_batch(rows: int, batch_size: int, what: str) -> None:
+    """Warn that every step repeats rows when a training set holds fewer rows than ``trainer.batch_size``."""
+    if rows < batch_size:
+        log.warning("%s are %d, fewer than trainer.batch_size=%d: every step repeats rows of them. Give more rows "
+                    "or a smaller trainer.batch_size.", what, rows, batch_size)
 
 
 def build_base_model(cfg: Config, tokenizer, device: torch.device):
@@ -191,12 +200,32 @@ def heldout_pair_prompts(cfg: Config, tokenizer) -> PromptSet | None:
         if d.eval_split:
             table = load_table(d.path, d.eval_split)
         else:
-            table = load_table(d.path, d.split).train_test_split(test_size=d.eval_fraction, seed=d.seed)["test"]
+            table = split_held_out(load_table(d.path, d.split), d.eval_fraction, d.seed, d.path)[1]
         return tokenize_prompts(table, tokenizer, d.max_prompt_length, "skip", f"{d.path} (held-out prompts)")
     except DataError as err:
         log.warning("no held-out prompts from %s for the task evaluation (reward, KL, diversity are left out): %s",
                     cfg.data.path, err)
         return None
+
+
+def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
+    """Before the model loads: each of ``reward.functions`` takes the columns of the prompts it will score in
+    training or pair building (``prompts``: the training prompts; None when the reward only serves the
+    evaluation, which warns about a reward that cannot score its prompts and goes on).
+
+    Raises:
+        ConfigError: a reward function cannot take these columns (see
+            :func:`~prefzoo.rewards.registry.check_reward_signature`).
+    """
+    if prompts is None or cfg.reward.name == "model":
+        return
+    from prefzoo.rewards.registry import check_reward_signature, resolve_reward
+
+    for spec in cfg.reward.functions:
+        try:
+            check_reward_signature(spec, resolve_reward(spec), list(prompts.columns))
+        except ConfigError as err:
+            raise ConfigError(f"reward.functions: {err}") from None
 
 
 def correctness_function(cfg: Config, prompts: PromptSet | None):

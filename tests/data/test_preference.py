@@ -12,6 +12,7 @@ import datasets
 import pytest
 import torch
 
+from prefzoo.data.files import ORIGIN
 from prefzoo.data.pairs import select_pair
 from prefzoo.data.preference import (collate_preferences, load_table, pad_rows, split_implicit_prompt,
                                      tokenize_preferences)
@@ -85,8 +86,9 @@ GOOD = {"prompt": "Q", "chosen": "yes", "rejected": "no"}
     ({"prompt": "Q", "chosen": "", "rejected": "no"}, "chosen is empty"),
     ({"prompt": "Q", "chosen": "yes", "rejected": "   "}, "rejected is empty"),
     ({"prompt": "Q", "chosen": "same", "rejected": "same"}, "chosen == rejected"),
-    ({"prompt": "Q", "chosen": "yes", "rejected": None}, "missing column 'rejected'"),
-    ({"prompt": None, "chosen": "yes", "rejected": "no"}, "missing column 'prompt'"),
+    ({"prompt": "Q", "chosen": "yes", "rejected": None}, "rejected is null"),  # a null value, not a missing column
+    ({"prompt": None, "chosen": "yes", "rejected": "no"}, "prompt is null"),
+    ({"prompt": "  ", "chosen": "yes", "rejected": "no"}, "prompt is empty"),
 ])
 def test_each_bad_row_kind_names_the_row_and_the_problem(bad, problem):
     with pytest.raises(DataError) as err:
@@ -103,7 +105,9 @@ def test_missing_column_in_the_whole_table():
 @pytest.mark.parametrize("bad,problem", [
     ({"prompt": "Q", "chosen": 5, "rejected": "no"}, "chosen is int"),
     ({"prompt": 3.5, "chosen": "yes", "rejected": "no"}, "prompt is float"),
-    ({"prompt": "Q", "chosen": [{"role": "assistant", "content": 7}], "rejected": "no"}, "not a string"),
+    ({"prompt": "Q", "chosen": [{"role": "assistant", "content": 7}], "rejected": "no"}, "content of type int"),
+    ({"prompt": [{"role": "wizard", "content": "Q"}], "chosen": "yes", "rejected": "no"},
+     "role 'wizard'; chat roles are system, user, assistant, tool"),
 ])
 def test_non_string_values(bad, problem):
     """Mixed types cannot live in one Arrow column, so these rows come in as a plain list of dicts
@@ -197,7 +201,8 @@ def test_loading_from_each_file_type(tmp_path, ext):
     else:
         path.write_text("prompt,chosen,rejected\nQ1,a,b\nQ2,c,d\n")
     table = load_table(str(path))
-    assert table.num_rows == 2 and list(table[1].values()) == ["Q2", "c", "d"]
+    assert table.num_rows == 2 and [table[1][c] for c in ("prompt", "chosen", "rejected")] == ["Q2", "c", "d"]
+    assert table.column_names == ["prompt", "chosen", "rejected", ORIGIN]  # + where each row came from
     examples = tokenize(table)
     assert [e.prompt_ids for e in examples] == [ids("Q1"), ids("Q2")]
 
@@ -208,8 +213,8 @@ def test_csv_cells_stay_text_even_when_they_look_like_numbers(tmp_path):
     path = tmp_path / "pairs.csv"
     path.write_text("prompt,chosen,rejected\nWhat is 59 + 59?,118,02\nWhat is 1 + 1.5?,2.50,3\n")
     table = load_table(str(path))
-    assert list(table) == [{"prompt": "What is 59 + 59?", "chosen": "118", "rejected": "02"},
-                           {"prompt": "What is 1 + 1.5?", "chosen": "2.50", "rejected": "3"}]
+    assert table.remove_columns(ORIGIN).to_list() == [{"prompt": "What is 59 + 59?", "chosen": "118", "rejected": "02"},
+                                                      {"prompt": "What is 1 + 1.5?", "chosen": "2.50", "rejected": "3"}]
     first, second = tokenize(table)
     eos = tokenizer().eos_token_id
     assert first.chosen_ids == ids("118") + [eos] and second.chosen_ids == ids("2.50") + [eos]

@@ -1,5 +1,6 @@
 """Reward registry: resolving specs, weighted combination, and the checks on what functions return."""
 
+import functools
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ from prefzoo.errors import ConfigError, DataError, PrefzooError, ModelError, Rew
 from prefzoo.rewards import (
     BUILTIN_REWARDS,
     CombinedReward,
+    check_reward_signature,
     correctness,
     format_reward,
     make_reward,
@@ -187,3 +189,30 @@ def test_misaligned_inputs_raise_data_error():
         reward(["a", "b"], ["1"], answer=[1])
     with pytest.raises(DataError, match="column 'answer' has 1 values but there are 2 completions"):
         reward(["a", "b"], ["1", "2"], answer=[1])
+
+
+# ------------------------------------------------------------------ signatures, checked without a call
+
+@pytest.mark.parametrize("fn,columns,fragment", [
+    (helpers.one_argument, None, "has the signature (completions), but a reward function is called as "
+                                 "fn(prompts, completions, **columns)"),
+    (lambda p, c, x, /: [], None, "has the signature (p, c, x, /)"),  # x is positional-only: no column fills it
+    (helpers.no_columns, ["answer"], "cannot be called with this data's columns [answer] (got an unexpected "
+                                     "keyword argument 'answer'); it is called as fn(prompts, completions, "
+                                     "**columns) -> list[float]: add **columns (or **_)"),
+    (helpers.needs_subject, ["answer"], "missing a required argument: 'subject'"),
+])
+def test_check_reward_signature_refuses_what_cannot_be_called(fn, columns, fragment):
+    with pytest.raises(ConfigError) as err:
+        check_reward_signature("mod:fn", fn, columns)
+    assert fragment in str(err.value) and "'mod:fn'" in str(err.value)
+
+
+@pytest.mark.parametrize("fn,columns", [
+    (helpers.const_one, ["answer", "subject"]), (helpers.no_columns, []), (helpers.needs_subject, ["subject"]),
+    (helpers.needs_subject, None),  # without the columns, a required keyword may still come from one
+    (lambda *args, **kw: [], ["answer"]), (BUILTIN_REWARDS["correctness"], ["answer"]),
+    (functools.partial(helpers.needs_subject, subject=None), ["answer"]),
+])
+def test_check_reward_signature_accepts_what_can_be_called(fn, columns):
+    check_reward_signature("mod:fn", fn, columns)

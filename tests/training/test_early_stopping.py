@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from prefzoo.errors import ConfigError
 from prefzoo.training.early_stopping import EarlyStopping
 
 
@@ -25,7 +26,7 @@ def test_min_mode_and_min_delta():
 
 def test_unknown_metric_lists_available_ones():
     es = EarlyStopping("accuracy")
-    with pytest.raises(KeyError, match="available: task_accuracy, task_reward"):
+    with pytest.raises(ConfigError, match="available: task_accuracy, task_reward"):  # one line, not a KeyError
         es.update({"task_accuracy": 0.1, "task_reward": 0.1, "greedy_examples": []}, 1)
 
 

@@ -1,0 +1,111 @@
+"""Configuration checks beyond single values, run by :func:`prefzoo.config.validate` before anything loads.
+
+* :func:`check_finite`: no float anywhere in the typed config (objective, trainer, data, model, rollout, eval,
+  the algorithm's own settings, lists of weights) is NaN or infinite. A generic walk over the dataclasses, so a
+  float key added later is covered without a line here.
+* :func:`check_references`: what the config names exists. ``trainer.early_stopping.metric`` is a metric the
+  evaluation reports; ``model.adapter_path`` is a folder holding ``adapter_config.json``; every reward function
+  (``reward.functions``, ``eval.gold_reward.functions``) imports, is callable and takes ``(prompts,
+  completions, **columns)``. Importing a reward function runs its module: that is user code by design.
+* :func:`warn_idle`: legal values that make a run do nothing (``trainer.lr=0``) are warned about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Iterator
+
+from prefzoo.errors import ConfigError
+
+log = logging.getLogger("prefzoo.config")
+
+__all__ = ["non_finite_floats", "check_finite", "check_early_stopping_metric", "check_adapter_path",
+           "check_reward_functions", "check_references", "warn_idle"]
+
+
+def non_finite_floats(node, key: str = "", optional: bool = False) -> Iterator[tuple[str, float, bool]]:
+    """(key, value, may be null) of every float in a (nested) dataclass, list or dict that is NaN or +-inf, in
+    field order; keys are spelt as on the command line (``objective.beta``, ``reward.weights[1]``)."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            yield from non_finite_floats(getattr(node, f.name), f"{key}.{f.name}" if key else f.name,
+                                         "Optional" in str(f.type) or "None" in str(f.type))
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from non_finite_floats(item, f"{key}[{i}]")
+    elif isinstance(node, dict):
+        for name, item in node.items():
+            yield from non_finite_floats(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, float) and not math.isfinite(node):
+        yield key, node, optional
+
+
+def check_finite(cfg) -> None:
+    """Raise :class:`ConfigError` naming the first key of ``cfg`` whose value is NaN or infinite."""
+    for key, value, optional in non_finite_floats(cfg):
+        raise ConfigError(f"{key}={value} is not a finite number; give a finite value"
+                          f"{f' (or {key}=null)' if optional else ''}.")
+
+
+def check_early_stopping_metric(cfg, group_size: int = 0) -> None:
+    """``trainer.early_stopping.metric`` must be a metric of the held-out evaluation (see
+    :mod:`prefzoo.evaluation.metrics`); ``group_size``: the algorithm's declared ``num_samples`` (pass@k)."""
+    from prefzoo.evaluation.metrics import metric_names
+
+    metric = cfg.trainer.early_stopping.metric
+    if metric is None:
+        return
+    valid = metric_names(group_size)
+    if metric not in valid:
+        shown = [n for n in valid if not n.endswith("_se")]
+        raise ConfigError(f"trainer.early_stopping.metric={metric!r} is not a metric of the evaluation; choose one "
+                          f"of: {', '.join(shown)} (or one's standard error <name>_se).")
+
+
+def check_adapter_path(cfg) -> None:
+    """``model.adapter_path`` must be a folder holding a peft adapter (``adapter_config.json``)."""
+    path = cfg.model.adapter_path
+    if not path:
+        return
+    if not os.path.isdir(path):
+        what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+        raise ConfigError(f"model.adapter_path={path!r} {what}; give the folder of a trained adapter (it holds "
+                          "adapter_config.json, e.g. <run folder>/adapter).")
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        inner = os.path.join(path, "adapter")
+        hint = (f" It looks like a run folder: use model.adapter_path={inner}."
+                if os.path.isfile(os.path.join(inner, "adapter_config.json")) else "")
+        raise ConfigError(f"model.adapter_path={path!r} holds no adapter_config.json, so it is not a peft adapter "
+                          f"folder.{hint} Give the adapter/ folder of a run that trained with LoRA.")
+
+
+def check_reward_functions(cfg) -> None:
+    """Every reward function the run will call resolves (module, attribute, callable) and takes
+    ``(prompts, completions, **columns)``; the columns themselves are checked once the data is read
+    (:func:`prefzoo.training.setup.check_reward_columns`)."""
+    from prefzoo.rewards.registry import check_reward_signature, resolve_reward
+
+    specs = [] if cfg.reward.name == "model" else [("reward.functions", s) for s in cfg.reward.functions]
+    specs += [("eval.gold_reward.functions", s) for s in cfg.eval.gold_reward.functions]
+    for key, spec in specs:
+        try:
+            check_reward_signature(spec, resolve_reward(spec))
+        except ConfigError as err:
+            raise ConfigError(f"{key}: {err}") from None
+
+
+def check_references(cfg, group_size: int = 0) -> None:
+    """The checks of names and paths (see the module docstring); raise :class:`ConfigError` on the first."""
+    check_early_stopping_metric(cfg, group_size)
+    check_adapter_path(cfg)
+    check_reward_functions(cfg)
+
+
+def warn_idle(cfg, trains: bool) -> None:
+    """Warn about legal values that make a training run change nothing."""
+    if trains and cfg.trainer.lr == 0 and cfg.trainer.max_steps > 0:
+        log.warning("trainer.lr=0: the optimizer leaves every weight as it is, so the %d steps train nothing; "
+                    "give a learning rate > 0, e.g. trainer.lr=2e-4.", cfg.trainer.max_steps)

@@ -1,0 +1,366 @@
+"""A sweep of bad inputs through the command line: each one stops with exactly one line ``prefzoo: error: ...``
+(exit status 2), no traceback, before any model loads; a legal but idle input gives a warning instead.
+
+Most cases run in this process, through the CLI's own entry point (``prefzoo.cli.run_from_hydra`` on the config
+``train.py`` composes), which is what ``python train.py ...`` runs after Hydra: the config cases with the
+tokenizer, model and Trainer replaced by tripwires (the error must come from validation), the data and reward
+cases with the model loader replaced by one (the error must come before the model loads; the tokenizer is the
+session's cached one). Hydra composes each choice of config groups once; the values are set with Hydra's own
+override parser (:func:`compose`). A handful of real ``python train.py`` processes then prove the whole path:
+Hydra, the exit status, one stderr line, and the time to fail (under 10 s of CPU for inputs that need no model).
+
+Each case names its input and a fragment of the message it must give (what was wrong and where); the fragments
+are written from the input (the key, the file's own row and line counted by hand), not copied from the code.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pytest
+
+from prefzoo import cli
+from prefzoo.training import loop, setup
+from tests.models.helpers import tokenizer
+from tests.test_config import NAN_INF, composed
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
+ROWS = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+FAST = ["model=tiny", "trainer.device=cpu", "trainer.progress=false", "trainer.tensorboard=false"]
+
+
+class Tripwire(Exception):
+    """Raised where the run would go further than the input allows (validation passed, a model would load)."""
+
+
+def tripwire(*_a, **_k):
+    raise Tripwire
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(groups: tuple[str, ...]):
+    return composed(*FAST, *groups)
+
+
+def compose(overrides: list[str]):
+    """The config ``python train.py <FAST> <overrides>`` composes. Hydra composes once per choice of config groups
+    (``algo=grpo``, ``data=file``: ~0.3 s each); the values (``trainer.lr=nan``) are then parsed by Hydra's own
+    override parser and set on a copy, as composition would set them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    groups = tuple(o for o in overrides if "." not in o.split("=", 1)[0])
+    cfg = copy.deepcopy(_composed(groups))
+    parser = OverridesParser.create()
+    for override in overrides:
+        if override not in groups:
+            parsed = parser.parse_override(override)
+            OmegaConf.update(cfg, parsed.key_or_group, parsed.value(), merge=False)
+    return cfg
+
+
+def run_cli(overrides: list[str]) -> tuple[int | None, str]:
+    """(exit status, stderr) of the CLI entry point on ``overrides``; (None, "") when the run got to a tripwire."""
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            cli.run_from_hydra(compose(overrides))
+    except SystemExit as exit_:
+        return exit_.code, err.getvalue()
+    except Tripwire:
+        return None, err.getvalue()
+    return 0, err.getvalue()
+
+
+def assert_one_error_line(code, stderr: str, needle: str) -> None:
+    assert code is not None, "accepted silently: the run went on (to a tripwire)"
+    assert code == 2 and "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("prefzoo: error: "), stderr
+    assert needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def no_model(monkeypatch, tmp_path):
+    """Data and reward cases: the run may read data, not load a model (the run folder is a temporary one)."""
+    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", lambda name: tokenizer())
+    monkeypatch.setattr(cli, "run_dir", lambda: tmp_path)  # (outside Hydra; whatever another test left in HydraConfig)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def no_run(no_model, monkeypatch):
+    """Config cases: nothing may be built at all."""
+    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loop, "Trainer", tripwire)
+
+
+# ------------------------------------------------------------------------------------------ config values
+
+CONFIG_CASES = [
+    # unknown choices: the message lists the valid ones
+    (["objective.divergence=foo"], "choose one of: reverse_kl, forward_kl, js, alpha"),
+    (["objective.kl_estimator=k9"], "objective.kl_estimator='k9' is not valid"),
+    (["objective.kl_placement=inside"], "objective.kl_placement='inside' is not valid"),
+    (["objective.kl_controller=pid"], "choose one of: fixed, adaptive"),
+    (["model.dtype=float64"], "choose one of: float32, bfloat16, float16"),
+    (["model.compute_dtype=int8"], "model.compute_dtype='int8' is not valid"),
+    (["model.quantization=8bit"], "choose one of: none, 4bit"),
+    (["model.reference=maybe"], "choose one of: auto, adapter_disabled, copy"),
+    (["data.on_bad_row=maybe"], "choose one of: error, skip"),
+    (["trainer.lr_schedule=cosine"], "choose one of: linear, constant"),
+    (["trainer.device=tpu"], "choose one of: auto, cpu, cuda"),
+    (["algo.loss_type=nope"], "choose one of sigmoid, ipo, hinge"),
+    (["trainer.early_stopping.metric=nope"], "is not a metric of the evaluation; choose one of: task_reward"),
+    (["trainer.early_stopping.metric=accuracy"], "trainer.early_stopping.metric='accuracy'"),
+    (["algo=dpo", "trainer.early_stopping.metric=pass_at_4"], "'pass_at_4' is not a metric"),
+    (["trainer.early_stopping.metric=task_accuracy", "trainer.early_stopping.mode=sideways"], "choose one of: max, min"),
+    # out of range
+    (["objective.beta=-1"], "objective.beta=-1.0 is invalid"),
+    (["objective.beta=0"], "DPO needs objective.beta > 0"),
+    (["objective=alpha", "objective.alpha=1.5"], "0 < alpha < 1"),
+    (["objective.kl_controller=adaptive"], "needs objective.kl_target > 0"),
+    (["objective.kl_budget=-1"], "objective.kl_budget=-1.0 is invalid"),
+    (["trainer.lr=-1"], "trainer.lr=-1.0 is invalid"),
+    (["trainer.batch_size=0"], "trainer.batch_size=0 is invalid"),
+    (["trainer.micro_batch_size=0"], "trainer.micro_batch_size=0 is invalid"),
+    (["trainer.max_grad_norm=0"], "trainer.max_grad_norm=0.0 would scale every gradient to zero"),
+    (["trainer.max_steps=-1"], "trainer.max_steps=-1 is invalid"),
+    (["trainer.log_every=0"], "trainer.log_every=0 is invalid"),
+    (["data.eval_fraction=2"], "data.eval_fraction=2.0 must be in (0, 1)"),
+    (["data.max_prompt_length=300"], "smaller than data.max_length=256"),
+    (["data.pairs.num_samples=1"], "a pair needs at least 2 samples"),
+    (["model.lora.r=0"], "model.lora.r=0 is invalid"),
+    (["model.lora.dropout=1.5"], "model.lora.dropout=1.5 must be in [0, 1)"),
+    (["model.quantization=4bit", "model.lora.enabled=false"], "needs LoRA"),
+    (["rollout.top_p=0"], "rollout.top_p=0.0 must be in (0, 1]"),
+    (["rollout.temperature=0"], "rollout.temperature=0.0 is invalid"),
+    (["rollout.max_new_tokens=0"], "rollout.max_new_tokens=0 is invalid"),
+    (["algo.label_smoothing=0.5"], "[0, 0.5)"),
+    (["algo=grpo", "algo.num_samples=1"], "at least 2"),
+    (["reward.weights=[1.0,2.0]"], "one weight per function"),
+    # paths and reward functions, checked before anything loads
+    (["model.adapter_path=/no/such/adapter"], "model.adapter_path='/no/such/adapter' does not exist"),
+    (["model.adapter_path=/"], "model.adapter_path='/' holds no adapter_config.json"),
+    (["reward.functions=[no_such_module:fn]"], "could not import module 'no_such_module'"),
+    (["reward.functions=[tests.rewards.helpers:nope]"], "module 'tests.rewards.helpers' has no attribute 'nope'"),
+    (["reward.functions=[tests.rewards.helpers:NOT_CALLABLE]"], "'NOT_CALLABLE' is not callable"),
+    (["reward.functions=[tests.rewards.helpers:one_argument]"], "has the signature (completions)"),
+    (["reward.functions=[no_colon]"], "unknown reward 'no_colon'"),
+    (["reward.functions=[:fn]"], "bad reward import path"),
+    (["eval.gold_reward.functions=[tests.rewards.helpers:nope]"], "eval.gold_reward.functions: reward"),
+    (["eval.gold_reward.functions=[format]", "eval.gold_reward.weights=[1.0,2.0]"], "one weight per function"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", CONFIG_CASES, ids=[" ".join(c[0]) for c in CONFIG_CASES])
+def test_a_bad_config_value_is_one_line(no_run, overrides, needle):
+    start = time.perf_counter()
+    assert_one_error_line(*run_cli(overrides), needle)
+    assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize("algo,key,is_list", NAN_INF, ids=[f"{a}:{k}" for a, k, _ in NAN_INF])
+def test_nan_and_inf_in_every_float_key_are_one_line(no_run, algo, key, is_list):
+    """Every float key of the typed config (tests/test_config.py finds them from the dataclass annotations)."""
+    for value in ("nan", "inf"):
+        override = f"{key}=[{value}]" if is_list else f"{key}={value}"
+        named = f"{key}[0]={float(value)}" if is_list else f"{key}={float(value)}"
+        assert_one_error_line(*run_cli([f"algo={algo}", override]), f"{named} is not a finite number")
+
+
+# ------------------------------------------------------------------------------------------------ data files
+
+def jsonl(rows) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def changed(row: int, **values) -> list[dict]:
+    rows = [dict(r) for r in ROWS]
+    rows[row].update(values)
+    for key, value in values.items():
+        if value is KeyError:
+            del rows[row][key]
+    return rows
+
+
+def lines(replace: dict[int, bytes]) -> bytes:
+    raw = FIXTURE.read_bytes().splitlines()
+    return b"\n".join(replace.get(i + 1, line) for i, line in enumerate(raw)) + b"\n"
+
+
+def parquet(rows):
+    def write(path):
+        datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return write
+
+
+PROMPTS = [{"prompt": r["prompt"], "answer": r["answer"]} for r in ROWS]
+PLAIN = [{"prompt": r["prompt"][0]["content"], "chosen": str(r["answer"]), "rejected": str(r["answer"] + 1)}
+         for r in ROWS]
+
+# (id, file name, content (bytes or a writer), algo, extra overrides, needle)
+DATA_CASES = [
+    ("empty", "p.jsonl", b"", "dpo", [], "p.jsonl: the file holds no rows (it is empty)"),
+    ("blank lines", "p.jsonl", b"\n \n\n", "dpo", [], "the file holds no rows"),
+    ("malformed line", "p.jsonl", lines({4: b'{"prompt": "x", "chosen": '}), "dpo", [],
+     "p.jsonl, row 3 (line 4): not valid JSON"),
+    ("non-UTF-8", "p.jsonl", lines({6: b'{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}'}), "dpo", [],
+     "p.jsonl, row 5 (line 6): byte 0xe9 at column 16 is not UTF-8"),
+    ("a line that is an array", "p.jsonl", lines({2: b"[1, 2]"}), "dpo", [], "row 1 (line 2): a JSON array"),
+    ("1 row", "p.jsonl", jsonl(ROWS[:1]), "dpo", [], "p.jsonl has 1 row: too few to hold out"),
+    ("null rejected", "p.jsonl", jsonl(changed(20, rejected=None)), "dpo", [], "row 20 (line 21): rejected is null"),
+    ("row without rejected", "p.jsonl", jsonl(changed(20, rejected=KeyError)), "dpo", [],
+     "row 20 (line 21): no 'rejected' in this row"),
+    ("no rejected column", "p.jsonl", jsonl([{k: v for k, v in r.items() if k != "rejected"} for r in ROWS]), "dpo", [],
+     "missing column 'rejected'"),
+    ("empty prompt", "p.jsonl", jsonl(changed(7, prompt=[{"role": "user", "content": ""}])), "dpo", [],
+     "row 7 (line 8): prompt is empty"),
+    ("unknown role", "p.jsonl", jsonl(changed(7, prompt=[{"role": "wizard", "content": "Hi"}])), "dpo", [],
+     "row 7 (line 8): prompt message 0 has the role 'wizard'; chat roles are system, user, assistant, tool"),
+    ("int chosen", "p.jsonl", jsonl([dict(r) for r in PLAIN[:5]] + [dict(PLAIN[5], chosen=118)] + PLAIN[6:]), "dpo", [],
+     "row 5 (line 6): chosen is int (118)"),
+    ("dict prompt", "p.jsonl", jsonl(changed(9, prompt={"text": "Hi"})), "dpo", [], "row 9 (line 10): prompt is dict"),
+    ("list of strings", "p.jsonl", jsonl(changed(9, chosen=["a", "b"])), "dpo", [],
+     "row 9 (line 10): chosen is a list, but its item 0 is not a chat message"),
+    ("chosen == rejected", "p.jsonl", jsonl(changed(20, chosen=ROWS[20]["rejected"])), "dpo", [],
+     "row 20 (line 21): chosen == rejected"),
+    ("empty chosen", "p.jsonl", jsonl(changed(3, chosen=[{"role": "assistant", "content": " "}])), "dpo", [],
+     "row 3 (line 4): chosen is empty"),
+    ("all rows bad, skip", "p.jsonl", jsonl([dict(r, rejected=r["chosen"]) for r in ROWS]), "dpo",
+     ["data.on_bad_row=skip"], "no usable rows"),
+    ("prompts: longer than allowed", "q.jsonl", jsonl(PROMPTS), "grpo", ["data.max_prompt_length=5"],
+     "tokens, more than data.max_prompt_length=5"),
+    ("csv empty", "p.csv", b"", "dpo", [], "p.csv: the file holds no rows"),
+    ("csv header only", "p.csv", b"prompt,chosen,rejected\n", "dpo", [], "p.csv: the file has a header line but no rows"),
+    ("csv non-UTF-8", "p.csv", b"prompt,chosen,rejected\nQ,a,b\ncaf\xe9,a,b\n", "dpo", [],
+     "p.csv, line 3: byte 0xe9 at column 4 is not UTF-8"),
+    ("csv extra field", "p.csv", b"prompt,chosen,rejected\n" + b"Q,a,b\n" * 20 + b"Q,a,b,c\n", "dpo", [],
+     "row 20 (line 22): 4 fields where the header has 3"),
+    ("csv missing field", "p.csv", b"prompt,chosen,rejected\n" + b"Q,a,b\n" * 20 + b"Q,a\n", "dpo", [],
+     "row 20 (line 22): no 'rejected' in this line"),
+    ("csv no rejected column", "p.csv", b"prompt,chosen\nQ,a\nR,b\n", "dpo", [], "missing column 'rejected'"),
+    ("json malformed", "p.json", b'[{"prompt": "Q", "chosen": "a", "rejected": "b"},\n{"prompt": }]', "dpo", [],
+     "p.json, line 2: not valid JSON"),
+    ("json array of numbers", "p.json", b"[1, 2, 3]", "dpo", [], "row 0: item 0 of the JSON array is a number"),
+    ("parquet damaged", "p.parquet", b"PAR1 not really", "dpo", [], "p.parquet: not a readable Parquet file"),
+    ("parquet empty", "p.parquet", {"prompt": [], "chosen": [], "rejected": []}, "dpo", [],
+     "p.parquet: the file holds no rows"),
+    ("parquet int chosen", "p.parquet", parquet([{"prompt": "Q", "chosen": i, "rejected": "b"} for i in range(5)]),
+     "dpo", [], ": chosen is int ("),
+    ("parquet null rejected", "p.parquet", parquet([dict(r, rejected=None if i == 3 else r["rejected"])
+                                                    for i, r in enumerate(PLAIN)]), "dpo", [],
+     "row 3: rejected is null"),
+    ("unknown extension", "p.txt", b"prompt,chosen\n", "dpo", [], "unknown file type '.txt'"),
+    ("no such file", None, None, "dpo", [], "no such file"),
+    ("prompts: no prompt column", "q.jsonl", jsonl([{"question": "Q", "answer": 1}] * 4), "grpo", [],
+     "has no 'prompt' column"),
+    ("prompts: empty prompt", "q.jsonl", jsonl(PROMPTS[:12] + [dict(PROMPTS[12], prompt=[{"role": "user",
+                                                                                          "content": "  "}])]
+                                               + PROMPTS[13:]), "grpo", [], "row 12 (line 13): prompt is empty"),
+    ("prompts: null prompt", "q.jsonl", jsonl(PROMPTS[:12] + [dict(PROMPTS[12], prompt=None)] + PROMPTS[13:]), "grpo",
+     [], "row 12 (line 13): prompt is null"),
+    ("prompts: 1 row", "q.jsonl", jsonl(PROMPTS[:1]), "grpo", [], "q.jsonl has 1 row: too few to hold out"),
+    ("prompts: reward takes no columns", "q.jsonl", jsonl(PROMPTS), "grpo",
+     ["reward.functions=[tests.rewards.helpers:no_columns]"], "cannot be called with this data's columns [answer]"),
+    ("prompts: reward needs a column", "q.jsonl", jsonl([{"prompt": r["prompt"]} for r in ROWS]), "grpo", [],
+     "reward 'correctness'"),
+]
+
+
+def write_case(tmp_path: Path, name, content) -> str:
+    if name is None:
+        return str(tmp_path / "missing.jsonl")
+    path = tmp_path / name
+    if callable(content):
+        content(path)
+    elif isinstance(content, dict):
+        datasets.Dataset.from_dict(content).to_parquet(str(path))
+    else:
+        path.write_bytes(content)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_a_bad_data_file_is_one_line_naming_the_file_row_and_line(no_model, tmp_path, case):
+    _, name, content, algo, extra, needle = case
+    path = write_case(tmp_path, name, content)
+    start = time.perf_counter()
+    assert_one_error_line(*run_cli([f"algo={algo}", "data=file", f"data.path={path}", *extra]), needle)
+    assert time.perf_counter() - start < 10
+
+
+def test_data_file_without_a_path_is_one_line(no_model):
+    assert_one_error_line(*run_cli(["algo=dpo", "data=file"]), "data=file needs data.path=<file or dataset name>")
+
+
+# ------------------------------------------------------------------------------------ legal but idle: warnings
+
+@pytest.mark.parametrize("overrides,warning", [
+    (["trainer.lr=0", "trainer.max_steps=3"], "trainer.lr=0: the optimizer leaves every weight as it is, so the 3 "
+                                              "steps train nothing"),
+    (["data=file", f"data.path={FIXTURE}", "trainer.batch_size=64", "trainer.micro_batch_size=8"],
+     f"{FIXTURE}: the training pairs are 38, fewer than trainer.batch_size=64: every step repeats rows"),
+])
+def test_a_legal_but_idle_input_is_a_warning(no_model, caplog, overrides, warning):
+    """38 = 40 rows - ceil(0.05 * 40) held out. The run goes on (to the model-loading tripwire), with no error."""
+    with caplog.at_level(logging.WARNING, logger="prefzoo"):
+        code, stderr = run_cli(["algo=dpo", *overrides])
+    assert code is None and stderr == ""
+    assert any(warning in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_the_sweep_holds_enough_inputs():
+    assert len(CONFIG_CASES) + 2 * len(NAN_INF) + len(DATA_CASES) >= 60
+
+
+# ---------------------------------------------------------------------------------- the real command line
+
+SUBPROCESS = {
+    "nan beta": (["objective.beta=nan"], "objective.beta=nan is not a finite number"),
+    "early stopping": (["trainer.early_stopping.metric=nope"], "is not a metric of the evaluation"),
+    "adapter": (["model.adapter_path=/no/such/adapter"], "model.adapter_path='/no/such/adapter' does not exist"),
+    "reward": (["reward.functions=[tests.rewards.helpers:nope]"], "has no attribute 'nope'"),
+    "malformed data": (["data=file", "data.path={bad}"], "bad.jsonl, row 3 (line 4): not valid JSON"),
+    "empty prompts": (["algo=grpo", "data=file", "data.path={empty}"], "empty.jsonl: the file holds no rows"),
+}
+
+
+def test_the_command_line_prints_one_line_and_exits_2_fast(tmp_path):
+    """``python train.py ... model=tiny``, one process at a time: exit status 2, one stderr line starting
+    ``prefzoo: error:``, no traceback, and under 10 s to fail. The time is the process's CPU time (user + system):
+    the wall time of a process on this machine's 2 shared cores depends on what else runs."""
+    import resource
+
+    (tmp_path / "bad.jsonl").write_bytes(lines({4: b'{"prompt": "x", "chosen": '}))
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
+    failures = []
+    for name, (overrides, needle) in SUBPROCESS.items():
+        args = [a.format(bad=tmp_path / "bad.jsonl", empty=tmp_path / "empty.jsonl") for a in overrides]
+        cmd = [sys.executable, "train.py", *FAST, *args, f"hydra.run.dir={tmp_path / name.replace(' ', '_')}"]
+        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        lines_ = [line for line in proc.stderr.splitlines() if line.strip()]
+        ok = (proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines_) == 1
+              and lines_[0].startswith("prefzoo: error: ") and needle in lines_[0] and cpu < 10)
+        if not ok:
+            failures.append((name, proc.returncode, f"cpu {cpu:.1f} s, wall {wall:.1f} s", proc.stderr[-2000:]))
+    assert failures == []
