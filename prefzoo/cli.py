@@ -96,12 +96,9 @@ def to_typed(cfg: DictConfig) -> Config:
     else:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
-    from prefzoo.types import SamplingParams
     from prefzoo.validation import check_references, warn_idle
 
-    r = typed.rollout  # building the plugin runs its validate_settings on the resolved objective
-    needs = cls(typed.algo, _config.resolve_objective(typed),
-                SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)).declaration
+    needs = declaration_of(typed)  # building the plugin runs its validate_settings on the resolved objective
     check_references(typed, needs.num_samples)  # early-stopping metric, adapter folder, reward functions
     warn_idle(typed, needs.trains)
     return typed
@@ -136,12 +133,21 @@ def secondary_process_overrides(argv: list[str]) -> list[str]:
     return list(argv) + extra
 
 
+def declaration_of(typed: Config):
+    """The plugin of a typed, resolved config, built as the Trainer builds it: its :class:`Declaration`."""
+    from prefzoo.algos import algorithm_class
+    from prefzoo.types import SamplingParams
+
+    r = typed.rollout
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    return algorithm_class(typed.algo)(typed.algo, _config.resolve_objective(typed), sampling).declaration
+
+
 def check_data(typed) -> None:
     """The first pass over ``data.path`` (:func:`prefzoo.data.check.check_data_file`), before the loop is imported."""
-    from prefzoo.algos import get_algorithm
     from prefzoo.data.check import check_data_file
 
-    check_data_file(typed, get_algorithm(typed.algo.name).online)
+    check_data_file(typed, declaration_of(typed).online)
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:

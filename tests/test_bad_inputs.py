@@ -132,7 +132,7 @@ CONFIG_CASES = [
     (["trainer.early_stopping.metric=task_accuracy", "trainer.early_stopping.mode=sideways"], "choose one of: max, min"),
     # out of range
     (["objective.beta=-1"], "objective.beta=-1.0 is invalid"),
-    (["objective.beta=0"], "DPO needs objective.beta > 0"),
+    (["objective.beta=0"], "objective.beta=0.0: DPO needs beta > 0"),
     (["objective=alpha", "objective.alpha=1.5"], "0 < alpha < 1"),
     (["objective.kl_controller=adaptive"], "needs objective.kl_target > 0"),
     (["objective.kl_budget=-1"], "objective.kl_budget=-1.0 is invalid"),
