@@ -1,6 +1,6 @@
 """Benchmark one training step of every online plugin on the same rollout shape: step time, tokens/s, peak RSS.
 
-    .venv/bin/python bench/bench_online.py                          # SmolLM2-135M, grpo rloo reinforce_pp gspo cispo
+    .venv/bin/python bench/bench_online.py                          # SmolLM2-135M, grpo rloo reinforce_pp gspo cispo online_dpo
     .venv/bin/python bench/bench_online.py --model tiny --steps 2   # a smoke test of the script itself
     .venv/bin/python bench/bench_online.py --algos grpo gspo --prompts 4 --max-new-tokens 48
 
@@ -12,7 +12,8 @@ the same rollout shape: ``--prompts`` prompts x ``--samples`` completions of exa
 loop's ``train_step``: sampling, scoring, the no-grad passes, every optimizer step. Reported: median over the
 measured steps (after ``--warmup``) of the step time and its parts (the loop's ``time/experience`` and
 ``time/update``), generated tokens per second of the whole step, peak RSS (``ru_maxrss``, model loading
-included), and the step time relative to GRPO's.
+included), and the step time relative to GRPO's. Online DPO samples 2 per prompt whatever ``--samples`` says
+(its generated tokens are counted as such).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import compose, peak_rss_gb  # noqa: E402
 
-ALGOS = ("grpo", "rloo", "reinforce_pp", "gspo", "cispo")
+ALGOS = ("grpo", "rloo", "reinforce_pp", "gspo", "cispo", "online_dpo")
 
 
 def one(args) -> dict:
@@ -52,8 +53,8 @@ def one(args) -> dict:
     trainer.policy.eos_token_ids = [-1]  # never stop early: every step generates exactly max_new_tokens
     rows = [trainer.train_step() for _ in range(args.steps + args.warmup)][args.warmup:]
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
-    tokens = args.prompts * args.samples * args.max_new_tokens
     d = trainer.algo.declaration
+    tokens = args.prompts * d.num_samples * args.max_new_tokens
     return {"algo": args.one, "step": med("time/step"), "experience": med("time/experience"),
             "update": med("time/update"), "tokens_per_s": tokens / med("time/step"), "peak_rss_gb": peak_rss_gb(),
             "optimizer_steps": d.epochs * d.num_minibatches, "reference": d.reference}

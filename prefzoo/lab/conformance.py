@@ -1,7 +1,7 @@
 """Objective conformance: does each algorithm plugin reach pi* = pi_ref exp(r/beta) / Z ?
 
 Run ``python -m prefzoo.lab.conformance`` (a few minutes on 2 CPU cores). Every registered plugin that the
-table knows (GRPO, PPO, RLOO, REINFORCE++, GSPO, CISPO, DPO, SimPO, best-of-n) is trained,
+table knows (GRPO, PPO, RLOO, REINFORCE++, GSPO, CISPO, Online DPO, DPO, SimPO, best-of-n) is trained,
 unchanged, on the tabular test bed of :mod:`prefzoo.lab.tabular` until it stops moving, with several seeds;
 the learned policy is compared with pi* (total variation and KL(pi || pi*), per prompt and on average,
 with the Monte-Carlo error over seeds) and with the fixed point that theory predicts for that case.
@@ -154,7 +154,7 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
 
 
 def zoo_online_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
-    """RLOO, REINFORCE++, GSPO and CISPO (the fixed points are derived in each plugin's docstring).
+    """RLOO, REINFORCE++, GSPO, CISPO, Online DPO (the fixed points are derived in each plugin's docstring).
 
     k1 in the reward: every shaped reward of a prompt is equal at pi*, so every advantage is exactly 0 there
     whatever the baseline, the normalisation, the clip or the importance weight: pi* is a fixed point of all of
@@ -164,7 +164,9 @@ def zoo_online_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
     GRPO) from r but not from the KL loss: both land on pi* at beta G/(G-1). GSPO and CISPO run with 4
     mini-batches per rollout so that their ratios leave 1 (GSPO at the paper's clip 3e-4/4e-4 clips ~70% of the
     sequences in the first steps; CISPO at eps 0.02 clips ~75% of the weights), on single-token responses, where
-    GSPO's sequence ratio is the token ratio (its length normalisation is not exercised).
+    GSPO's sequence ratio is the token ratio (its length normalisation is not exercised). Online DPO's pairs are
+    two samples of the current policy: with a Bradley-Terry judge (scale 1) pi* zeroes every pair's expected
+    gradient; ranking by the reward gives deterministic labels and no finite fixed point.
     """
     k1r = dict(kl_estimator="k1", kl_placement="in_reward")
     k2l = dict(kl_estimator="k2", kl_placement="as_loss")
@@ -186,6 +188,11 @@ def zoo_online_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              star),
         Case("CISPO k2 as loss, G=4", "cispo", dict(num_samples=4, scale_rewards="none"), k2l,
              f"pi* at beta 4/3 = {beta * 4 / 3:.4g} (GRPO's group mean)", shifted, steps=300),
+        Case("Online DPO, Bradley-Terry judge", "online_dpo", dict(judge="bradley_terry"), {},
+             "pi* (every pair's expected gradient vanishes there)", star),
+        Case("Online DPO, reward judge (ties dropped)", "online_dpo", {}, {},
+             "none: deterministic labels push margins to infinity; towards the argmax of r", argmax_policy,
+             claim="report"),
     ]
 
 
@@ -449,6 +456,10 @@ KL is smaller even when all rewards differ (prompts 0, 1, 3), and much smaller w
   3e-4/4e-4) or weights (CISPO at 0.02) in the first steps: at π* every advantage is 0, so the clip and the
   importance weight change how fast the runs get there, not where. CISPO's KL loss shifts β by G/(G−1) exactly
   as GRPO's does. The bed's responses are single tokens: GSPO's length normalisation is not exercised here.
+- **Online DPO** on pairs of its own samples reaches π* with a Bradley-Terry judge (like DPO on pairs of π_ref:
+  π* zeroes every pair's expected gradient, whatever distribution the pairs come from). Ranking the two samples by
+  the reward is a deterministic judge: the untied pairs' margins grow without bound and the policy heads for the
+  best-reward responses (the row shows how far it got in its budget; ties are dropped).
 - **f-DPO** on Bradley-Terry pairs (scale 1) reaches, for each f, the maximiser of E r − β D_f(π ‖ π_ref)
   (Wang et al. 2024): π* for reverse KL, the divergence's own optimum otherwise. The Monte-Carlo error comes
   from the finite pairs (label noise) and grows with the flatness of the link (JS is the noisiest).
