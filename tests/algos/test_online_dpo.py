@@ -102,6 +102,14 @@ def test_bradley_terry_judge_draws_one_uniform_per_prompt_from_its_rollout_seed(
     assert m["frac_ties"] == 0.0 and batch.weights.tolist() == [1.0, 1.0, 1.0]
 
 
+def test_pair_weights_travel_with_their_pairs():
+    """PreferenceBatch.weights (the contract's per-pair weight) follows select: rows [2, 1] get weights [1, 0]."""
+    batch, _ = make().make_experience(PairPolicy(), PROMPTS, REWARDS)
+    sub = batch.select([2, 1])
+    assert sub.weights.tolist() == [1.0, 0.0] and sub.ref_chosen_logps.tolist() == batch.ref_chosen_logps[[2, 1]].tolist()
+    assert [c.weights.tolist() for c in batch.chunks(2)] == [[1.0, 0.0], [1.0]]
+
+
 def test_settings_and_declaration():
     with pytest.raises(ConfigError, match="Online DPO needs beta > 0"):
         make(beta=0.0)
