@@ -310,6 +310,9 @@ class PreferenceBatch(Batch):
         chosen / rejected: the two completions of each pair as :class:`SequenceBatch` es of B rows.
         index: Shape (B,) long, the pairs' row numbers in the dataset (for cached reference log-probs).
         ref_chosen_logps / ref_rejected_logps: Shape (B,) float32 summed reference log-probs if precomputed.
+        weights: Shape (B,) float32 per-pair loss weights, or None (every pair weighs 1). Online plugins that build
+            pairs from their own samples set it (Online DPO: 0 on a tied pair, which stays in the batch so that a
+            step of ties is still a batch).
     """
 
     chosen: SequenceBatch
@@ -317,6 +320,7 @@ class PreferenceBatch(Batch):
     index: Tensor
     ref_chosen_logps: Tensor | None = None
     ref_rejected_logps: Tensor | None = None
+    weights: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -335,12 +339,12 @@ class PreferenceBatch(Batch):
         if isinstance(index, list):
             index = torch.as_tensor(index, dtype=torch.long)
         return PreferenceBatch(self.chosen.select(index), self.rejected.select(index), self.index[index],
-                               pick(self.ref_chosen_logps), pick(self.ref_rejected_logps))
+                               pick(self.ref_chosen_logps), pick(self.ref_rejected_logps), pick(self.weights))
 
     def to(self, device) -> "PreferenceBatch":
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return PreferenceBatch(self.chosen.to(device), self.rejected.to(device), self.index.to(device),
-                               mv(self.ref_chosen_logps), mv(self.ref_rejected_logps))
+                               mv(self.ref_chosen_logps), mv(self.ref_rejected_logps), mv(self.weights))
 
 
 @dataclass(frozen=True)

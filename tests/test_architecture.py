@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import prefzoo
+from prefzoo.algos import BUILTIN
 
 ROOT = Path(prefzoo.__file__).parent
 
@@ -164,7 +165,7 @@ def test_no_yaml_in_conf_restates_a_dataclass_default():
     assert found == []
 
 
-@pytest.mark.parametrize("name", ["dpo", "simpo", "grpo", "ppo", "rm", "bon"])
+@pytest.mark.parametrize("name", BUILTIN)
 def test_every_builtin_plugin_declares_its_needs(name):
     from prefzoo.algos import REGISTRY
     from prefzoo.algos.base import Declaration

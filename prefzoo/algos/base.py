@@ -198,8 +198,14 @@ class Algorithm:
         d = self.declaration
         return loss_normaliser(mask if mask is not None else len(batch), d.aggregation, d.aggregation_constant)
 
-    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
-        """Online plugins: sample ``self.sampling``, score, and compute advantages, without gradients."""
+    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Batch, dict[str, float]]:
+        """Online plugins: sample ``self.sampling``, score, and compute advantages, without gradients.
+
+        Returns the batch the plugin's ``loss`` trains on and the rollout's metrics: an
+        :class:`~prefzoo.types.Experience` (one row per completion: GRPO, PPO, ...), or a
+        :class:`~prefzoo.types.PreferenceBatch` of pairs built from the samples (Online DPO), so that the
+        loop's mini-batches and micro-batches never split a pair. The loop only selects, chunks and counts its rows.
+        """
         raise NotImplementedError(f"{self.name} is offline: it trains on a preference dataset")
 
     def after_step(self, metrics: dict[str, float], num_samples: int) -> dict[str, float]:

@@ -128,6 +128,11 @@ class GRPO(Algorithm):
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.loss_mask
 
+    def stores_old_logps(self) -> bool:
+        """Whether the rollout keeps log pi_old (a no-grad pass): several epochs (GSPO and CISPO, which derive
+        from GRPO, also for several mini-batches of one epoch)."""
+        return self.cfg.epochs > 1
+
     @torch.no_grad()
     def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
         g, temperature, o = self.cfg.num_samples, self.sampling.temperature, self.objective
@@ -142,9 +147,9 @@ class GRPO(Algorithm):
         # (several epochs, or the KL in the reward). With one epoch the drift metrics come from the update's own
         # forward pass (see loss), which computes these very log-probs.
         in_reward = self.beta > 0 and o.kl_placement == "in_reward"
-        if self.cfg.epochs > 1 or in_reward:
+        if self.stores_old_logps() or in_reward:
             logps, _ = policy.logps(samples, temperature)
-            if self.cfg.epochs > 1:
+            if self.stores_old_logps():
                 old_logps = logps
         if policy.reference is not None:
             ref_logps = policy.ref_logps(samples, temperature)

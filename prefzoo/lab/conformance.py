@@ -1,7 +1,7 @@
 """Objective conformance: does each algorithm plugin reach pi* = pi_ref exp(r/beta) / Z ?
 
 Run ``python -m prefzoo.lab.conformance`` (a few minutes on 2 CPU cores). Every registered plugin that the
-table knows (GRPO, DPO, SimPO, and PPO as soon as ``prefzoo/algos/ppo.py`` registers it) is trained,
+table knows (GRPO, PPO, RLOO, REINFORCE++, GSPO, CISPO, Online DPO, DPO, SimPO, best-of-n) is trained,
 unchanged, on the tabular test bed of :mod:`prefzoo.lab.tabular` until it stops moving, with several seeds;
 the learned policy is compared with pi* (total variation and KL(pi || pi*), per prompt and on average,
 with the Monte-Carlo error over seeds) and with the fixed point that theory predicts for that case.
@@ -132,6 +132,7 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              "~ forward-KL optimum at beta sigma_pi(r) G/(G-1) (approximate)",
              lambda b: grpo_group_std_target(b, beta, group), claim="report"),
     ]
+    cases += zoo_online_cases(beta, group)
     offline = dict(steps=150, lr=0.2)
     for div in ("reverse_kl", "forward_kl", "js", "alpha"):
         cases.append(Case(
@@ -150,6 +151,49 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
         cases.append(Case(f"best-of-{n}", None, theory=f"analytic best-of-{n} of pi_ref",
                           target=lambda b, n=n: best_of_n_policy(b, n), bon_n=n))
     return cases
+
+
+def zoo_online_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
+    """RLOO, REINFORCE++, GSPO, CISPO, Online DPO (the fixed points are derived in each plugin's docstring).
+
+    k1 in the reward: every shaped reward of a prompt is equal at pi*, so every advantage is exactly 0 there
+    whatever the baseline, the normalisation, the clip or the importance weight: pi* is a fixed point of all of
+    them. The baselines differ as a LOSS term or a reward-only baseline comes in: RLOO's leave-one-out baseline
+    leaves the reward's gradient unscaled (k2 as a loss: pi* at beta itself), whereas a group mean that contains
+    r_i shrinks it by (G-1)/G -- REINFORCE++-baseline subtracts it from r but not from the KL penalty, CISPO (as
+    GRPO) from r but not from the KL loss: both land on pi* at beta G/(G-1). GSPO and CISPO run with 4
+    mini-batches per rollout so that their ratios leave 1 (GSPO at the paper's clip 3e-4/4e-4 clips ~70% of the
+    sequences in the first steps; CISPO at eps 0.02 clips ~75% of the weights), on single-token responses, where
+    GSPO's sequence ratio is the token ratio (its length normalisation is not exercised). Online DPO's pairs are
+    two samples of the current policy: with a Bradley-Terry judge (scale 1) pi* zeroes every pair's expected
+    gradient; ranking by the reward gives deterministic labels and no finite fixed point.
+    """
+    k1r = dict(kl_estimator="k1", kl_placement="in_reward")
+    k2l = dict(kl_estimator="k2", kl_placement="as_loss")
+    star = lambda b: optimal_policy(b.ref_probs, b.rewards, beta)  # noqa: E731
+    shifted = lambda b: optimal_policy(b.ref_probs, b.rewards, beta * 4 / 3)  # noqa: E731
+    grouped = dict(num_samples=group, scale_rewards="none")
+    return [
+        Case("RLOO k1 in reward", "rloo", dict(num_samples=group), k1r, "pi*", star),
+        Case("RLOO k2 as loss, G=4", "rloo", dict(num_samples=4), k2l,
+             "pi* at beta itself (leave-one-out: no G/(G-1))", star, steps=300),
+        Case("REINFORCE++ k1 in reward", "reinforce_pp", dict(num_samples=group), k1r, "pi*", star),
+        Case("REINFORCE++ baseline=group, G=4", "reinforce_pp", dict(num_samples=4, baseline="group"), k1r,
+             f"pi* at beta 4/3 = {beta * 4 / 3:.4g} (group mean on r, not on the KL)", shifted, steps=300),
+        Case("GSPO k1 in reward, 4 mini-batches", "gspo", grouped, k1r, "pi*", star),
+        Case("GSPO-token k1 in reward, 4 mini-batches", "gspo", dict(grouped, importance_sampling_level="sequence_token"),
+             k1r, "pi*", star),
+        Case("CISPO k1 in reward, eps 0.02, 4 mini-batches", "cispo",
+             dict(grouped, clip_eps_low=0.02, clip_eps_high=0.02), k1r, "pi* (weights move steps, not fixed points)",
+             star),
+        Case("CISPO k2 as loss, G=4", "cispo", dict(num_samples=4, scale_rewards="none"), k2l,
+             f"pi* at beta 4/3 = {beta * 4 / 3:.4g} (GRPO's group mean)", shifted, steps=300),
+        Case("Online DPO, Bradley-Terry judge", "online_dpo", dict(judge="bradley_terry"), {},
+             "pi* (every pair's expected gradient vanishes there)", star),
+        Case("Online DPO, reward judge (ties dropped)", "online_dpo", {}, {},
+             "none: deterministic labels push margins to infinity; towards the argmax of r", argmax_policy,
+             claim="report"),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -402,6 +446,20 @@ KL is smaller even when all rewards differ (prompts 0, 1, 3), and much smaller w
   seeds drop responses at different times, hence its larger spread).
 - **The paper's GRPO** (group-std advantages, k3 as loss) divides the reward's gradient by the group's reward
   std σ ≈ 0.1–0.3 here: the effective β is about β·σ·G/(G−1), so it lands far from π*_β, near the argmax.
+- **RLOO** (leave-one-out baseline) needs no rescaling: b_i does not contain r_i, so the update is the
+  gradient itself; k2 as a loss lands on π* at β, where GRPO's group mean lands at β·G/(G−1).
+- **REINFORCE++** (token-level k1 in the reward, reward-to-go, batch normalisation) reaches π*: the batch mean
+  is a baseline and the batch std scales reward and penalty alike. **REINFORCE++-baseline** subtracts the
+  group mean from r but not from the KL penalty: the reward's gradient shrinks by (G−1)/G, the penalty's does
+  not, and it lands on π* at β·G/(G−1) (G = 4: 0.6667), measurably off π*_β.
+- **GSPO / GSPO-token / CISPO** with k1 in the reward reach π* despite clipping most sequences (GSPO's
+  3e-4/4e-4) or weights (CISPO at 0.02) in the first steps: at π* every advantage is 0, so the clip and the
+  importance weight change how fast the runs get there, not where. CISPO's KL loss shifts β by G/(G−1) exactly
+  as GRPO's does. The bed's responses are single tokens: GSPO's length normalisation is not exercised here.
+- **Online DPO** on pairs of its own samples reaches π* with a Bradley-Terry judge (like DPO on pairs of π_ref:
+  π* zeroes every pair's expected gradient, whatever distribution the pairs come from). Ranking the two samples by
+  the reward is a deterministic judge: the untied pairs' margins grow without bound and the policy heads for the
+  best-reward responses (the row shows how far it got in its budget; ties are dropped).
 - **f-DPO** on Bradley-Terry pairs (scale 1) reaches, for each f, the maximiser of E r − β D_f(π ‖ π_ref)
   (Wang et al. 2024): π* for reverse KL, the divergence's own optimum otherwise. The Monte-Carlo error comes
   from the finite pairs (label noise) and grows with the flatness of the link (JS is the noisiest).

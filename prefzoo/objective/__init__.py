@@ -17,8 +17,10 @@ Map (one idea per module):
                     2024): links f', implicit rewards, exact D_f, the regularised optimum
     controllers.py  beta controllers: fixed, adaptive (Ziegler et al. 2019)
     optimum.py      closed-form optimum pi* = pi_ref exp(r/beta) / Z and J* = beta log Z
-    advantages.py   group-relative advantages (GRPO / Dr. GRPO), GAE (PPO), the sequence reward on the last token
+    advantages.py   group-relative advantages (GRPO / Dr. GRPO), leave-one-out (RLOO), GAE (PPO), the sequence
+                    reward on the last token
     surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance
+    importance.py   GSPO's sequence ratio (and GSPO-token's), CISPO's clipped IS weight, -sg(w) A log pi
     pairwise.py     pairwise links on a margin: Bradley-Terry sigmoid (cDPO smoothing), IPO, hinge
     best_of_n.py    best-of-n: which sample it keeps, its analytic KL log n - (n-1)/n
     reduce.py       the one loss reduction (sequence/token mean, constant, example mean) with a
@@ -28,7 +30,7 @@ Conventions (DESIGN.md): logps (B, T) float32, log_ratio = logps - ref_logps, bo
 True = "this token counts", loss = -objective.
 """
 
-from .advantages import ADVANTAGE_SCALES, add_sequence_reward, gae, group_advantages
+from .advantages import ADVANTAGE_SCALES, add_sequence_reward, gae, group_advantages, leave_one_out_advantages
 from .best_of_n import best_of_n_indices, best_of_n_kl
 from .controllers import (
     KL_CONTROLLERS,
@@ -72,6 +74,7 @@ from .optimum import log_partition, optimal_policy, optimal_value, regularised_o
 from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
 from .pairwise import PAIRWISE_LOSSES, bradley_terry_loss, pairwise_loss
 from .surrogate import clipped_surrogate_loss, clipped_value_loss, explained_variance, ratio_statistics
+from .importance import clipped_is_weight, gspo_token_log_ratio, sequence_log_ratio, weighted_policy_gradient_loss
 
 __all__ = [
     # errors
@@ -117,6 +120,7 @@ __all__ = [
     # advantages
     "ADVANTAGE_SCALES",
     "group_advantages",
+    "leave_one_out_advantages",
     "gae",
     "add_sequence_reward",
     # surrogate
@@ -124,6 +128,11 @@ __all__ = [
     "clipped_value_loss",
     "explained_variance",
     "ratio_statistics",
+    # importance
+    "sequence_log_ratio",
+    "gspo_token_log_ratio",
+    "clipped_is_weight",
+    "weighted_policy_gradient_loss",
     # pairwise
     "PAIRWISE_LOSSES",
     "pairwise_loss",

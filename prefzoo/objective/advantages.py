@@ -2,6 +2,7 @@
 
 - :func:`group_advantages`: one scalar per sampled completion, computed from the rewards of the
   other completions of the same prompt (no value function).
+- :func:`leave_one_out_advantages`: RLOO's, each reward minus the mean of the OTHER completions of its prompt.
 - :func:`gae`: per-token advantages and returns from per-token rewards and a value head,
   over the completion tokens only.
 """
@@ -22,7 +23,7 @@ from .errors import (
     check_same_shape,
 )
 
-__all__ = ["ADVANTAGE_SCALES", "group_advantages", "gae", "add_sequence_reward"]
+__all__ = ["ADVANTAGE_SCALES", "group_advantages", "leave_one_out_advantages", "gae", "add_sequence_reward"]
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
@@ -112,6 +113,43 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
     else:
         advantages = centred
     return advantages.reshape(-1).to(rewards.dtype)
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO advantages: each reward minus the mean reward of the OTHER completions of its prompt.
+
+    With G = ``group_size`` consecutive rewards per prompt,
+
+        A_i = r_i - b_i,   b_i = 1/(G-1) sum_{j != i} r_j   =  G/(G-1) (r_i - mean_g)
+
+    (since sum_{j != i} r_j = G mean_g - r_i). b_i does not depend on y_i, so E[A_i grad log pi(y_i)] =
+    grad E[r] exactly: unlike GRPO's r_i - mean_g, whose mean contains r_i and shrinks the gradient by
+    (G-1)/G. Computed as ``group_advantages(rewards, G, "none", 0)`` times G/(G-1) (in float64), so it
+    inherits its robustness: a group whose rewards differ by at most 8 ulps (of the rewards' dtype) is constant
+    and gets exact zeros. No division by a standard deviation (Ahmadian et al. 2024 use the raw difference).
+
+    Data parallelism: groups never straddle processes, so the baseline is local and exact (no all-reduce).
+
+    Shape: rewards (B,) floating -> (B,) in rewards' dtype; B = num_prompts * G sampled completions,
+    grouped consecutively. Broadcast over the completion tokens by the caller.
+    Units: reward units.
+
+    Raises:
+        ObjectiveError: rewards not 1-D floating point, or with NaN/inf; group_size not an int >= 2 (one
+            sample has no other member to be its baseline); B not a multiple of group_size.
+
+    Source: Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (the leave-one-out baseline
+    b_i = 1/(k-1) sum_{j != i} R(y_j)); Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback in LLMs" (RLOO).
+    """
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+        raise ObjectiveError(f"group_size must be an int of at least 2 for a leave-one-out baseline, got "
+                             f"{group_size!r}; sample G >= 2 completions per prompt")
+    check_ndim("rewards", rewards, 1, "(B,) — one reward per completion")
+    if not rewards.is_floating_point():
+        raise ObjectiveError(f"rewards must be floating point, got {rewards.dtype}; use .float()")
+    centred = group_advantages(rewards.detach(), group_size, "none", 0.0).double()
+    return (centred * (group_size / (group_size - 1))).to(rewards.dtype)
 
 
 def _scaled(centred: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

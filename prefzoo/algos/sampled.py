@@ -1,0 +1,93 @@
+"""The parts of an online step that plugins with their own advantages share (RLOO, REINFORCE++, Online DPO).
+
+Not a plugin: :func:`sample_and_score` samples G completions per prompt, scores them, runs the no-grad passes a
+plugin asks for and returns the metrics of the shared online schema; :func:`update_metrics` is the loss side
+(clip, ratio, drift, entropy as (sum, count) pairs) and :func:`add_kl_loss` the "as_loss" KL term. GRPO, and GSPO
+and CISPO which derive from it, keep their own copy of the same steps (:mod:`prefzoo.algos.grpo`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from prefzoo.algos.grpo import drift_metrics
+from prefzoo.objective import kl_loss, masked_sum, ratio_statistics
+from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch
+
+__all__ = ["Rollout", "sample_and_score", "update_metrics", "add_kl_loss"]
+
+
+@dataclass
+class Rollout:
+    """A scored rollout. B = prompts x G rows, T = completion positions.
+
+    Attributes:
+        samples: the completions (grouped: rows [i*G, (i+1)*G) answer prompt i).
+        rewards: Shape (B,) float32, the run's reward of each completion.
+        logps: Shape (B, T), log pi at sampling time (no grad) when asked for, else None.
+        ref_logps: Shape (B, T), log pi_ref when the run has a reference, else None.
+        metrics: ``reward``, ``reward_std``, drift (``kl``, ``kl_k1``, ``kl_k3``: KL(pi || pi_ref) per sequence,
+            nats, when both log-probs exist), ``frac_zero_std_groups``, lengths, truncation, timings.
+    """
+
+    samples: SequenceBatch
+    rewards: Tensor
+    logps: Tensor | None
+    ref_logps: Tensor | None
+    metrics: dict[str, float]
+
+
+def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_samples: int, sampling: SamplingParams,
+                     need_logps: bool) -> Rollout:
+    """Sample ``num_samples`` completions per prompt with ``sampling``, score them, and (without gradients) compute
+    log pi at sampling time if ``need_logps`` and log pi_ref if the policy has a reference."""
+    t0 = time.perf_counter()
+    samples = policy.sample(prompts, num_samples, sampling)
+    t1 = time.perf_counter()
+    rewards = score(samples, prompts).float()
+    mask = samples.completion_mask
+    logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
+    ref_logps = policy.ref_logps(samples, sampling.temperature) if policy.reference is not None else None
+    t2 = time.perf_counter()
+    metrics = drift_metrics(logps, ref_logps, mask) if logps is not None and ref_logps is not None else {}
+    lengths = mask.sum(-1).float()
+    grouped = rewards.view(-1, num_samples)
+    metrics.update({
+        "reward": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "frac_zero_std_groups": (grouped.max(-1).values == grouped.min(-1).values).float().mean().item(),
+        "completion_length": lengths.mean().item(), "completion_length_max": lengths.max().item(),
+        "frac_truncated": samples.truncated.float().mean().item() if samples.truncated is not None else 0.0,
+        "generated_tokens_per_second": int(mask.sum()) / max(t1 - t0, 1e-9),
+        "time/generation": t1 - t0, "time/scoring_and_ref": t2 - t1,
+    })
+    return Rollout(samples, rewards, logps, ref_logps, metrics)
+
+
+def update_metrics(logps: Tensor, old_logps: Tensor, mask: Tensor, clipped: Tensor, entropy: Tensor | None,
+                   ref_logps: Tensor | None, on_policy_pass: bool, completion_mask: Tensor
+                   ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """The loss side of the schema: (per-row metrics, per-token (sum, count) pairs).
+
+    ``clip_fraction``, ``ratio_mean``, ``approx_kl`` (:func:`prefzoo.objective.ratio_statistics`), ``entropy``;
+    and, when ``on_policy_pass`` (no stored old log-probs: these log-probs ARE the sampling policy's) and a
+    reference exists, the drift metrics of the rollout from this very forward pass (no extra pass).
+    """
+    metrics = drift_metrics(logps, ref_logps, completion_mask) if on_policy_pass and ref_logps is not None else {}
+    tokens = ratio_statistics(logps, old_logps, mask, clipped)
+    if entropy is not None:
+        tokens["entropy"] = (float(masked_sum(entropy, mask)), float(mask.sum()))
+    return metrics, tokens
+
+
+def add_kl_loss(per_token: Tensor, logps: Tensor, ref_logps: Tensor | None, mask: Tensor, beta: float,
+                objective: ObjectiveSettings, tokens: dict[str, tuple[float, float]]) -> Tensor:
+    """``per_token + beta * k(log pi/pi_ref)`` when the objective puts the KL in the loss (beta > 0), logging
+    ``kl_loss`` (the term's token mean); ``per_token`` unchanged otherwise."""
+    if not (beta > 0 and objective.kl_placement == "as_loss"):
+        return per_token
+    kl_tokens = kl_loss(logps, ref_logps, mask, objective.kl_estimator)
+    tokens["kl_loss"] = (float(masked_sum(kl_tokens.detach(), mask)), float(mask.sum()))
+    return per_token + beta * kl_tokens

@@ -1,0 +1,135 @@
+"""Importance ratios and weights beyond PPO's per-token ratio: GSPO's sequence ratio, CISPO's clipped weight.
+
+- :func:`sequence_log_ratio`: log of GSPO's length-normalised sequence ratio s_i (Zheng et al. 2025).
+- :func:`gspo_token_log_ratio`: GSPO-token's per-token ratio, the value of s_i with a per-token gradient.
+- :func:`clipped_is_weight`: CISPO's clipped importance-sampling weight, detached (MiniMax-M1 2025).
+- :func:`weighted_policy_gradient_loss`: -sg(w) A log pi per token (CISPO; REINFORCE when w = 1).
+
+Both ratios are LOG-ratios against a zero "old" log-prob, so PPO's clipped surrogate
+(:func:`prefzoo.objective.clipped_surrogate_loss` with ``old_logps = 0``) clips them unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import ObjectiveError, check_mask, check_ndim, check_number, check_same_shape
+
+__all__ = ["sequence_log_ratio", "gspo_token_log_ratio", "clipped_is_weight", "weighted_policy_gradient_loss"]
+
+
+def _is_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    check_ndim("logps", logps, 2, "(B, T)")
+    check_same_shape("logps", logps, "old_logps", old_logps)
+    check_mask(mask, logps, "logps")
+    diff = logps - old_logps.detach()
+    return torch.where(mask, diff, torch.zeros((), dtype=diff.dtype, device=diff.device))
+
+
+def sequence_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log s_i, GSPO's sequence-level importance ratio: the MEAN over the row's valid tokens of log(pi/pi_old).
+
+        s_i = (pi(y_i | x) / pi_old(y_i | x))^(1/|y_i|) = exp( (1/|y_i|) sum_{t valid} (logps - old_logps)_t )
+
+    Only positions where ``mask`` is True enter, in value and in gradient (pads may hold anything, NaN
+    included); a row with no valid token has log s = 0 (ratio 1). Differentiable in ``logps``
+    (d log s_i / d logps_{i,t} = 1/|y_i| on valid tokens); ``old_logps`` is detached.
+
+    Shape: logps (B, T), old_logps (B, T), mask (B, T) bool -> (B,); B = sequences, T = completion positions.
+    Units: nats per token (the log of a dimensionless ratio).
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool.
+
+    Source: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071), sec. 4.1: the
+    length-normalised s_i(theta) of the GSPO objective.
+    """
+    diff = _is_log_ratio(logps, old_logps, mask)
+    counts = mask.sum(-1).clamp(min=1).to(diff.dtype)
+    return diff.sum(-1) / counts
+
+
+def gspo_token_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log s_{i,t} of GSPO-token: s_{i,t} = sg[s_i] * pi(y_{i,t}) / sg[pi(y_{i,t})].
+
+    Its VALUE is the sequence ratio s_i on every valid token; its GRADIENT is that of the token's own
+    log-prob, scaled by s_i (d s_{i,t} / d logps_{i,t} = s_i). With an advantage that is the same on every
+    token of a row, GSPO-token and GSPO have the same value and gradient (Zheng et al. 2025, sec. 4.3);
+    per-token advantages make them differ. 0 at masked positions.
+
+    Shape: logps (B, T), old_logps (B, T), mask (B, T) bool -> (B, T).
+    Units: nats (log of a dimensionless ratio).
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool.
+
+    Source: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071), sec. 4.3 (GSPO-token).
+    """
+    log_s = sequence_log_ratio(logps, old_logps, mask).detach()
+    per_token = log_s[:, None] + logps - logps.detach()
+    return torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+
+
+def clipped_is_weight(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, clip_eps_low: float,
+                      clip_eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's importance-sampling weight: the clipped ratio, DETACHED (a stop-gradient).
+
+        w_t = sg( clip( exp(logps_t - old_logps_t), 1 - clip_eps_low, 1 + clip_eps_high ) )
+
+    ``clipped`` marks the valid tokens whose ratio fell outside the range (their weight is the bound). Unlike
+    PPO's clip, a clipped token is NOT dropped: the loss -w A log pi (:func:`weighted_policy_gradient_loss`)
+    still gives it the gradient -w A grad log pi. ``clip_eps_low = 1`` means no lower bound (weights in
+    [0, 1 + clip_eps_high]: the paper's choice). w = 0 at masked positions.
+
+    Shape: logps (B, T), old_logps (B, T), mask (B, T) bool -> (weights (B, T), clipped (B, T) bool).
+    Units: dimensionless.
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool; clip_eps_low outside [0, 1]; clip_eps_high < 0.
+
+    Source: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention"
+    (arXiv:2506.13585), sec. 3 (CISPO: r_hat = clip(r, 1 - eps_low^IS, 1 + eps_high^IS) under sg).
+    """
+    low = check_number("clip_eps_low", clip_eps_low, low=0.0, high=1.0,
+                       hint="1 - clip_eps_low is the weight's lower bound; 1 means none")
+    high = check_number("clip_eps_high", clip_eps_high, low=0.0)
+    with torch.no_grad():
+        ratio = _is_log_ratio(logps, old_logps, mask).exp()
+        weight = ratio.clamp(1.0 - low, 1.0 + high)
+        clipped = (weight != ratio) & mask
+        return torch.where(mask, weight, torch.zeros_like(weight)), clipped
+
+
+def weighted_policy_gradient_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                                  weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token policy-gradient loss with a detached weight: loss_t = -sg(w_t) * A_t * logps_t.
+
+    Its gradient is exactly -w_t A_t grad log pi(y_t) on every valid token (no token is ever zeroed).
+    ``weights=None`` is w = 1: the REINFORCE loss (Williams 1992), whose expected gradient on-policy is
+    -A grad log pi. Advantages are detached. The VALUE is not an objective estimate (only the gradient is
+    meaningful). 0 at masked positions.
+
+    Shape: logps (B, T), advantages (B,) (broadcast over T) or (B, T), mask (B, T) bool, weights (B, T) or
+    None -> (B, T).
+    Units: advantage units x nats per token.
+
+    Raises:
+        ObjectiveError: shapes disagree; mask not bool.
+
+    Source: Williams 1992, "Simple Statistical Gradient-Following Algorithms for Connectionist Reinforcement
+    Learning" (REINFORCE); MiniMax 2025 (MiniMax-M1, arXiv:2506.13585), sec. 3 (the CISPO objective
+    sg(r_hat) A log pi per token).
+    """
+    check_ndim("logps", logps, 2, "(B, T)")
+    check_mask(mask, logps, "logps")
+    if advantages.dim() == 1 and advantages.shape[0] == logps.shape[0]:
+        advantages = advantages[:, None]
+    elif advantages.shape != logps.shape:
+        raise ObjectiveError(f"advantages has shape {tuple(advantages.shape)} but logps has shape "
+                             f"{tuple(logps.shape)}; advantages must be (B,) per sequence or (B, T) per token")
+    coeff = advantages.detach().to(logps.dtype)
+    if weights is not None:
+        check_same_shape("weights", weights, "logps", logps)
+        coeff = coeff * weights.detach().to(logps.dtype)
+    loss = -coeff * logps
+    return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))

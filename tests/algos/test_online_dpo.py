@@ -1,0 +1,132 @@
+"""Online DPO plugin: pairs from two samples per prompt ranked by the reward (ties dropped and counted), the DPO
+loss on them by hand, the Bradley-Terry judge's per-prompt draws, and a 2-step run on the tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from prefzoo.algos.online_dpo import OnlineDPO, OnlineDPOConfig
+from prefzoo.errors import ConfigError
+from prefzoo.objective import aggregate_loss
+from prefzoo.types import ROLLOUT_SEED_COLUMN, ObjectiveSettings, PromptBatch, SequenceBatch
+from tests.algos.hydra_runs import LETTER_REWARD, TINY_RUN, compose
+from tests.models.helpers import one_thread_fixture
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    yield from one_thread_fixture()
+
+
+class PairPolicy:
+    """Three prompts x 2 samples, one token each (ids 0..5 = rows), log pi = a trainable table per row and
+    log pi_ref = log pi - rho with rho = (0.2, -0.1 | 0.0, 0.5 | 0.3, 0.3)."""
+
+    def __init__(self):
+        self.logp = torch.nn.Parameter(torch.tensor([-1.0, -2.0, -0.5, -1.5, -0.7, -0.9]))
+        self.rho = torch.tensor([0.2, -0.1, 0.0, 0.5, 0.3, 0.3])
+        self.reference = object()
+
+    def sample(self, prompts, n, params):
+        assert n == 2 and len(prompts.prompt_ids) == 3
+        mask = torch.ones(6, 1, dtype=torch.bool)
+        return SequenceBatch(prompts.prompt_ids.repeat_interleave(2, 0), prompts.prompt_mask.repeat_interleave(2, 0),
+                             torch.arange(6)[:, None], mask, torch.arange(3).repeat_interleave(2), torch.zeros(6, dtype=torch.bool))
+
+    def logps(self, batch, temperature=1.0, with_entropy=False):
+        lp = self.logp[batch.completion_ids[:, 0]][:, None]
+        return lp, (torch.ones_like(lp) if with_entropy else None)
+
+    def ref_logps(self, batch, temperature=1.0):
+        ids = batch.completion_ids[:, 0]
+        return (self.logp.detach()[ids] - self.rho[ids])[:, None]
+
+
+PROMPTS = PromptBatch(torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1, dtype=torch.bool), {})
+REWARDS = lambda samples, prompts: torch.tensor([0.0, 1.0, 0.5, 0.5, 0.9, 0.2])  # noqa: E731
+
+
+def make(beta=0.5, **cfg):
+    return OnlineDPO(OnlineDPOConfig(**cfg), ObjectiveSettings(beta=beta))
+
+
+def test_pairs_by_reward_with_the_tie_dropped_and_the_dpo_loss_by_hand():
+    """Prompt 0: rewards (0, 1): row 1 chosen, row 0 rejected. Prompt 1: (0.5, 0.5): a tie, weight 0 (its order,
+    the second sample first since the first does not win strictly, does not matter). Prompt 2:
+    (0.9, 0.2): row 4 chosen. Sigmoid loss at beta 0.5 on margin = beta (rho_w - rho_l): pair 0: 0.5 (-0.1 - 0.2)
+    = -0.15 -> log(1 + e^0.15) = 0.770957; pair 2: 0.5 (0.3 - 0.3) = 0 -> log 2 = 0.693147; the tie: 0. Mean over
+    the 3 pairs: (0.770957 + 0.693147)/3. accuracies over the 2 untied pairs: (0 + 0)/2 (margins -0.15 and 0)."""
+    algo, policy = make(), PairPolicy()
+    batch, m = algo.make_experience(policy, PROMPTS, REWARDS)
+    assert batch.chosen.completion_ids[:, 0].tolist() == [1, 3, 4] and batch.rejected.completion_ids[:, 0].tolist() == [0, 2, 5]
+    assert batch.weights.tolist() == [1.0, 0.0, 1.0] and m["frac_ties"] == pytest.approx(1 / 3)
+    out = algo.loss(policy, batch)
+    want = [math.log1p(math.exp(0.15)), 0.0, math.log(2.0)]
+    torch.testing.assert_close(out.values.detach(), torch.tensor(want))
+    loss = aggregate_loss(out.values, None, "example_mean", 3.0)
+    assert float(loss) == pytest.approx(sum(want) / 3, rel=1e-6)
+    total, count = out.token_metrics["rewards/margins"]
+    assert (total / count, count) == (pytest.approx(-0.075), 2.0)
+    assert out.token_metrics["rewards/accuracies"] == (0.0, 2.0)
+    # k1 drift from the summed log-probs, over all 6 samples: mean of rho = 1.2 / 6
+    assert out.token_metrics["kl"][0] / out.token_metrics["kl"][1] == pytest.approx(0.2)
+
+
+def test_the_tied_pair_gets_no_gradient():
+    """d loss / d logp: pair 0 (chosen row 1, rejected row 0) gets -+ beta sigmoid(-m)/3 = -+0.5 sigmoid(0.15)/3,
+    pair 2 (rows 4, 5) -+0.5 * 0.5 / 3; rows 2 and 3 (the tie) exactly 0."""
+    algo, policy = make(), PairPolicy()
+    batch, _ = algo.make_experience(policy, PROMPTS, REWARDS)
+    out = algo.loss(policy, batch)
+    aggregate_loss(out.values, None, "example_mean", 3.0).backward()
+    s = 1 / (1 + math.exp(-0.15))
+    want = torch.tensor([0.5 * s / 3, -0.5 * s / 3, 0.0, 0.0, -0.25 / 3, 0.25 / 3])
+    torch.testing.assert_close(policy.logp.grad, want)
+
+
+def test_bradley_terry_judge_draws_one_uniform_per_prompt_from_its_rollout_seed():
+    """With rollout seeds the draws depend on each prompt's seed only: the same seed gives the same label in any
+    batch. P(row 2i wins) = sigmoid(r_2i - r_2i+1): with rewards (0, 1) the first sample wins when u < 0.2689."""
+    algo = make(judge="bradley_terry")
+    seeded = PromptBatch(PROMPTS.prompt_ids, PROMPTS.prompt_mask, {ROLLOUT_SEED_COLUMN: [7, 8, 9]})
+    u = algo.judge_uniforms(seeded)
+    u_again = algo.judge_uniforms(PromptBatch(PROMPTS.prompt_ids[:1], PROMPTS.prompt_mask[:1], {ROLLOUT_SEED_COLUMN: [8]}))
+    assert float(u_again[0]) == float(u[1])
+    batch, m = algo.make_experience(PairPolicy(), seeded, REWARDS)
+    first_wins = u < torch.sigmoid(torch.tensor([-1.0, 0.0, 0.7]))
+    assert batch.chosen.completion_ids[:, 0].tolist() == torch.where(first_wins, torch.tensor([0, 2, 4]),
+                                                                     torch.tensor([1, 3, 5])).tolist()
+    assert m["frac_ties"] == 0.0 and batch.weights.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_pair_weights_travel_with_their_pairs():
+    """PreferenceBatch.weights (the contract's per-pair weight) follows select: rows [2, 1] get weights [1, 0]."""
+    batch, _ = make().make_experience(PairPolicy(), PROMPTS, REWARDS)
+    sub = batch.select([2, 1])
+    assert sub.weights.tolist() == [1.0, 0.0] and sub.ref_chosen_logps.tolist() == batch.ref_chosen_logps[[2, 1]].tolist()
+    assert [c.weights.tolist() for c in batch.chunks(2)] == [[1.0, 0.0], [1.0]]
+
+
+def test_settings_and_declaration():
+    with pytest.raises(ConfigError, match="Online DPO needs beta > 0"):
+        make(beta=0.0)
+    with pytest.raises(ConfigError, match="algo.judge='llm'"):
+        make(judge="llm")
+    d = make().declaration
+    assert d.online and d.reference and d.num_samples == 2 and d.aggregation == "example_mean"
+    assert d.has("implicit_rewards")
+
+
+def test_online_dpo_runs_two_steps_on_the_tiny_model(tmp_path):
+    from prefzoo.training.loop import Trainer
+
+    cfg = compose(["algo=online_dpo", "reward=sentiment", LETTER_REWARD, "trainer.max_steps=2", "trainer.lr=0.01",
+                   "trainer.micro_batch_size=1"] + TINY_RUN)
+    summary = Trainer(cfg, tmp_path).run()
+    metrics = summary["final_train_metrics"]
+    for key in ("reward", "reward_std", "kl", "entropy", "frac_ties", "rewards/accuracies", "rewards/margins"):
+        assert key in metrics, key
+    assert summary["steps"] == 2
