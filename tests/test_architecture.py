@@ -163,7 +163,7 @@ def test_no_yaml_in_conf_restates_a_dataclass_default():
     assert found == []
 
 
-@pytest.mark.parametrize("name", ["dpo", "simpo", "grpo", "ppo", "rm", "bon"])
+@pytest.mark.parametrize("name", ["dpo", "simpo", "orpo", "sft", "grpo", "ppo", "rm", "bon"])
 def test_every_builtin_plugin_declares_its_needs(name):
     from prefzoo.algos import REGISTRY
     from prefzoo.algos.base import Declaration
