@@ -35,6 +35,11 @@ aot_unpaired   the same with d = sort(s_w) - sort(s_l) over the batch           
 sft            the chosen completion's mean negative log-likelihood                 NLL on chosen (TRL's ``sft``)
 =============  ===================================================================  ==================================
 
+Equation numbers: EXO 16, SPPO 4.7, APO 7/8 and DiscoPOP 5 are the ones TRL's code cites; ORPO's 6-7
+(:mod:`prefzoo.objective.odds`) the paper's. rDPO, NCA, BCO and AOT are cited by section and name only: no copy
+of those papers was at hand to check an equation number (the formulas are the ones their authors' losses and
+TRL implement).
+
 How this departs from TRL 1.16 (its DPOTrainer, read not run): the formulas are TRL's; ``exo_pair`` refuses eps = 0
 (log 0) instead of taking eps = 1e-3 silently; ``bco_pair`` keeps the BCO paper's reward shift delta (TRL 1.16
 dropped it: delta = 0 there); ``discopop`` computes sigma(m/tau) e^-m as exp(log sigma(m/tau) - m), finite for
