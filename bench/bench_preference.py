@@ -1,7 +1,13 @@
-"""Benchmark DPO and SimPO training steps on the real model: step time, tokens/s, peak memory.
+"""Benchmark the offline plugins' training steps on the real model: step time, tokens/s, peak memory.
 
-    .venv/bin/python bench/bench_preference.py                    # DPO and SimPO, the issue's setting
+    .venv/bin/python bench/bench_preference.py                    # DPO, SimPO, ORPO and SFT, the issue's setting
     .venv/bin/python bench/bench_preference.py --algos dpo --steps 8 --max-length 512
+    .venv/bin/python bench/bench_preference.py --algos dpo dpo:robust dpo:apo_zero dpo:sigmoid+sft
+    .venv/bin/python bench/bench_preference.py --all-loss-types   # DPO with every loss type of the table
+
+An entry ``dpo:<loss_type>`` runs DPO with ``algo.loss_type=<loss_type>`` (``a+b``: the sum of both, weight 1
+each; ``robust``, ``exo_pair`` and ``aot*`` get ``algo.label_smoothing=0.1`` / ``1e-3`` / ``0``). ORPO, SimPO and
+SFT need no reference forward, so their steps should be faster than DPO's.
 
 Setting (the same as the TRL comparison in bench/compare_trl.py): SmolLM2-135M-Instruct, LoRA r=16
 alpha=32 on all linear layers, fp32, 4 preference pairs per step, max_length 256. The pairs are real
@@ -32,7 +38,21 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import compose, example_pairs, peak_rss_gb  # noqa: E402
 
 
-def bench(algo_name: str, args) -> dict:
+#: extra overrides a loss type needs to run (its paper's setting)
+LOSS_TYPE_OVERRIDES = {"robust": ["algo.label_smoothing=0.1"], "exo_pair": ["algo.label_smoothing=1e-3"]}
+
+
+def entry_overrides(entry: str) -> tuple[str, list[str]]:
+    """``dpo:robust`` -> ("dpo", ["algo.loss_type=robust", "algo.label_smoothing=0.1"]); ``orpo`` -> ("orpo", [])."""
+    algo_name, _, loss_type = entry.partition(":")
+    if not loss_type:
+        return algo_name, []
+    types = loss_type.split("+")
+    value = types[0] if len(types) == 1 else "[" + ",".join(types) + "]"
+    return algo_name, [f"algo.loss_type={value}"] + [o for t in types for o in LOSS_TYPE_OVERRIDES.get(t, [])]
+
+
+def bench(entry: str, args) -> dict:
     from prefzoo.algos import get_algorithm
     from prefzoo.config import resolve_objective
     from prefzoo.data.preference import collate_preferences
@@ -40,8 +60,9 @@ def bench(algo_name: str, args) -> dict:
     from prefzoo.training.setup import build_policy
     from prefzoo.training.step import accumulate_gradients
 
+    algo_name, extra = entry_overrides(entry)
     cfg = compose([f"algo={algo_name}", f"model={args.model}", f"data.max_length={args.max_length}",
-                   f"model.lora.r={args.lora_r}", f"model.lora.alpha={2 * args.lora_r}"])
+                   f"model.lora.r={args.lora_r}", f"model.lora.alpha={2 * args.lora_r}"] + extra)
     algo = get_algorithm(algo_name)(cfg.algo, resolve_objective(cfg))
     tok = load_tokenizer(cfg.model.name)
     built = build_policy(cfg, algo.declaration, tok, torch.device("cpu"))
@@ -60,13 +81,14 @@ def bench(algo_name: str, args) -> dict:
         times.append(time.perf_counter() - t0)
     measured = times[args.warmup:]
     step = statistics.median(measured)
-    return {"algo": algo_name, "step_s": step, "spread_s": max(measured) - min(measured),
+    return {"algo": entry, "step_s": step, "spread_s": max(measured) - min(measured),
             "tokens": tokens, "tokens_per_s": tokens / step, "peak_rss_gb": peak_rss_gb()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--algos", nargs="+", default=["dpo", "simpo"])
+    ap.add_argument("--algos", nargs="+", default=["dpo", "simpo", "orpo", "sft"])
+    ap.add_argument("--all-loss-types", action="store_true", help="add dpo:<t> for every loss type of the table")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=256)
@@ -74,6 +96,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     args = ap.parse_args()
+    if args.all_loss_types:
+        from prefzoo.objective import PAIRWISE_LOSSES
+
+        args.algos += [f"dpo:{t}" for t in PAIRWISE_LOSSES if t != "sigmoid"]
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"# {args.model}, LoRA r={args.lora_r}, fp32, {args.pairs} pairs, max_length {args.max_length}")
     print("| algo | step (s, median) | spread (s) | real tokens/step | tokens/s | peak RSS (GB) |")

@@ -26,6 +26,8 @@ TINY_RUN = ["algo=dpo", "model=tiny", "data=file", f"data.path={FIXTURE}", "trai
             "data.max_prompt_length=64"]
 QUICK = {
     "cfg_job": ["--cfg", "job", "algo=dpo", "model=tiny"],
+    "cfg_job_orpo": ["--cfg", "job", "algo=orpo"],
+    "cfg_job_sum": ["--cfg", "job", "algo=dpo", "algo.loss_type=[sigmoid,sft]", "algo.loss_weights=[1.0,0.5]"],
     "bad_beta": ["model=tiny", "objective.beta=-1"],
     "bad_algo": ["model=tiny", "algo=nope"],
 }
@@ -55,6 +57,15 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     return run_concurrently(tmp_path_factory.mktemp("cli"), {"tiny": TINY_RUN})["tiny"]
+
+
+def test_cfg_job_of_orpo_and_of_a_weighted_dpo_sum(runs):
+    rc, stdout, stderr, _ = runs["cfg_job_orpo"]
+    assert rc == 0, stderr
+    assert "algo:\n  name: orpo\n" in stdout and "\n  default_beta: 0.1\n" in stdout
+    rc, stdout, stderr, _ = runs["cfg_job_sum"]
+    assert rc == 0, stderr
+    assert "\n  loss_type:\n  - sigmoid\n  - sft\n  loss_weights:\n  - 1.0\n  - 0.5\n" in stdout
 
 
 def test_cfg_job_prints_the_composed_config(runs):

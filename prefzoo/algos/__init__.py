@@ -25,7 +25,8 @@ __all__ = ["REGISTRY", "register", "get_algorithm", "load_target", "entry_point_
 
 REGISTRY: dict[str, type[Algorithm]] = {}
 ENTRY_POINT_GROUP = "prefzoo.algorithms"
-BUILTIN = ("dpo", "simpo", "grpo", "ppo", "rm", "bon", "rloo", "reinforce_pp", "gspo", "cispo", "online_dpo")
+BUILTIN = ("dpo", "simpo", "orpo", "sft", "grpo", "ppo", "rm", "bon", "rloo", "reinforce_pp", "gspo", "cispo",
+           "online_dpo")
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:

@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from prefzoo.algos import REGISTRY, get_algorithm
-from prefzoo.lab.oracles import (argmax_policy, best_of_n_policy, grpo_group_std_target, in_reward_fixed_point,
-                                 simpo_population_optimum)
+from prefzoo.lab.oracles import (argmax_policy, best_of_n_policy, chosen_distribution, grpo_group_std_target,
+                                 in_reward_fixed_point, pair_loss_population_optimum, simpo_population_optimum)
 from prefzoo.lab.runner import build_algorithm, sample_best_of_n, train_replicas
 from prefzoo.lab.tabular import TabularBandit, kl_divergence, preference_pairs, total_variation
 from prefzoo.objective import optimal_policy, regularised_optimum
@@ -147,6 +148,7 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              "population minimiser of its loss (numeric)",
              lambda b: simpo_population_optimum(b, beta, 0.5 * beta), **offline),
     ]
+    cases += offline_loss_cases(beta)
     for n in (2, 4, 16):
         cases.append(Case(f"best-of-{n}", None, theory=f"analytic best-of-{n} of pi_ref",
                           target=lambda b, n=n: best_of_n_policy(b, n), bon_n=n))
@@ -194,6 +196,58 @@ def zoo_online_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              "none: deterministic labels push margins to infinity; towards the argmax of r", argmax_policy,
              claim="report"),
     ]
+
+
+def _log_odds(logp: Tensor) -> Tensor:
+    return logp - torch.log(-torch.expm1(logp))
+
+
+def offline_loss_cases(beta: float = BETA) -> list[Case]:
+    """DPO's other loss types, ORPO and SFT. Their targets are population minimisers of each loss written here from
+    its paper (:func:`~prefzoo.lab.oracles.pair_loss_population_optimum`; rho = log pi/pi_ref, m = beta (rho_w -
+    rho_l)), or the chosen distribution (SFT); none of them is pi*."""
+    offline = dict(steps=150, lr=0.2)
+    eps, c = 0.1, 1 / (2 * beta)
+
+    def optimum(loss):
+        return lambda b: pair_loss_population_optimum(b, loss)
+
+    def margin(rw, rl):
+        return beta * (rw - rl)
+
+    return [
+        Case("DPO robust eps=0.1", "dpo", dict(loss_type="robust", label_smoothing=eps), {},
+             "population minimiser: sigma(m) fits (p - eps)/(1 - 2 eps), sharper than pi* (numeric)",
+             optimum(lambda lw, ll, rw, rl: ((1 - eps) * F.softplus(-margin(rw, rl))
+                                             - eps * F.softplus(margin(rw, rl))) / (1 - 2 * eps)), **offline),
+        Case("DPO sppo_hard", "dpo", dict(loss_type="sppo_hard"), {},
+             "population minimiser of (rho_w - 1/2b)^2 + (rho_l + 1/2b)^2 (numeric)",
+             optimum(lambda lw, ll, rw, rl: (rw - c) ** 2 + (rl + c) ** 2), **offline),
+        Case("DPO nca_pair", "dpo", dict(loss_type="nca_pair"), {},
+             "population minimiser of the NCA pair loss (numeric)",
+             optimum(lambda lw, ll, rw, rl: F.softplus(-beta * rw) + 0.5 * F.softplus(beta * rw)
+                     + 0.5 * F.softplus(beta * rl)), **offline),
+        Case("DPO discopop", "dpo", dict(loss_type="discopop"), {},
+             "population minimiser of the LRML loss, tau = 0.05 (numeric; non-convex)",
+             optimum(lambda lw, ll, rw, rl: (1 - torch.sigmoid(margin(rw, rl) / 0.05)) * F.softplus(-margin(rw, rl))
+                     + torch.sigmoid(margin(rw, rl) / 0.05) * torch.exp(-margin(rw, rl))), claim="report", **offline),
+        Case("DPO apo_zero", "dpo", dict(loss_type="apo_zero"), {},
+             "infimum on the boundary: net losers -> 0 (numeric, where L-BFGS stops)",
+             optimum(lambda lw, ll, rw, rl: 1 - torch.sigmoid(beta * rw) + torch.sigmoid(beta * rl)), claim="report",
+             **offline),
+        Case("DPO bco_pair", "dpo", dict(loss_type="bco_pair"), {}, "no closed form (running reward shift)", None,
+             claim="report", **offline),
+        Case("DPO sigmoid + 0.5 sft", "dpo", dict(loss_type=["sigmoid", "sft"], loss_weights=[1.0, 0.5]), {},
+             "population minimiser of -log sigma(m) - 0.5 log pi(y_w) (numeric)",
+             optimum(lambda lw, ll, rw, rl: F.softplus(-margin(rw, rl)) - 0.5 * lw), **offline),
+        Case("SFT on chosen", "sft", {}, {}, "the distribution of the chosen response", chosen_distribution,
+             **offline),
+    ] + [
+        Case(f"ORPO lambda={lam:g}", "orpo", {}, dict(beta=lam),
+             f"population minimiser of -log pi(y_w) + {lam:g} L_OR (numeric)",
+             optimum(lambda lw, ll, rw, rl, lam=lam: -lw + lam * F.softplus(-(_log_odds(lw) - _log_odds(ll)))),
+             **offline)
+        for lam in (0.1, 1.0)]
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -465,6 +519,15 @@ KL is smaller even when all rewards differ (prompts 0, 1, 3), and much smaller w
   from the finite pairs (label noise) and grows with the flatness of the link (JS is the noisiest).
 - **SimPO** ignores π_ref: with γ = 0 it lands on softmax(r/β) (π* of a uniform reference); the margin γ
   moves it further (to the population minimiser of its loss).
+- **DPO's other loss types** each reach the population minimiser of their own loss, and none of them π* on
+  clean Bradley-Terry pairs: rDPO (ε = 0.1) de-noises flips that did not happen, so σ(m) fits (p − ε)/(1 − 2ε)
+  and over-sharpens (its 1/(1 − 2ε) weights also amplify the label noise: the widest spread of the matched rows);
+  SPPO-hard regresses each side's log-ratio to ±1/(2β); NCA and the sum with 0.5·NLL are pulled toward the
+  chosen distribution. APO-zero's infimum is on the boundary (responses that lose more often than they win go
+  to 0): shown, not asserted. DiscoPOP's loss is not convex: the seeds spread widely around their mean, no fixed
+  point is claimed. bco_pair's running reward shift has no closed-form target (reported).
+- **SFT** on chosen completions lands on the distribution of the chosen response; **ORPO** with λ = 0.1 stays
+  near it, λ = 1 moves away from it toward the preferred responses; both ignore π_ref.
 """
 
 

@@ -36,6 +36,12 @@ KL(pi || pi_ref) gives (``prefzoo/objective/kl.py``; Liu et al. 2025, arXiv:2510
   on softmax(r / beta) (pi* of a uniform pi_ref: it ignores pi_ref). With a margin gamma > 0 there is no
   closed form; the target shown is the exact population minimiser of the SimPO loss under this pair
   distribution, found numerically (:func:`simpo_population_optimum`).
+* The other pairwise losses (DPO's anchored and robust loss types, weighted sums with an NLL term, ORPO): no
+  closed form in general; the target is the exact population minimiser of the loss under this pair
+  distribution, written here from the paper's formula (not the plugin's code) and minimised numerically
+  (:func:`pair_loss_population_optimum`). SFT on the chosen completions has one: the distribution of the
+  chosen response, P(y_w = y) = sum_y' P(pair {y, y'}) sigmoid(r(y) - r(y')) (:func:`chosen_distribution`);
+  ORPO with a small lambda lands near it.
 * Best-of-n: the distribution of the best of n samples of pi_ref (ties split in proportion to pi_ref),
   :func:`best_of_n_policy`; the "learned" policy is the empirical distribution of best-of-n draws made
   with the tabular policy's own sampler and the table scorer. Its KL to pi_ref is at most
@@ -44,6 +50,8 @@ KL(pi || pi_ref) gives (``prefzoo/objective/kl.py``; Liu et al. 2025, arXiv:2510
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -51,7 +59,8 @@ from prefzoo.lab.tabular import TabularBandit
 from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
 
 __all__ = ["argmax_policy", "in_reward_generator", "in_reward_fixed_point", "grpo_group_std_target",
-           "best_of_n_policy", "simpo_population_optimum"]
+           "best_of_n_policy", "simpo_population_optimum", "pair_weights", "chosen_distribution",
+           "pair_loss_population_optimum"]
 
 
 def argmax_policy(bandit: TabularBandit) -> Tensor:
@@ -172,6 +181,53 @@ def simpo_population_optimum(bandit: TabularBandit, beta: float, gamma: float, s
         loss = -(w * p_win * torch.nn.functional.logsigmoid(margin)).sum()
         loss.backward()
         return loss
+
+    opt.step(closure)
+    return torch.softmax(theta.detach(), -1)
+
+
+def pair_weights(bandit: TabularBandit) -> tuple[Tensor, Tensor]:
+    """The bed's pair distribution: w[p, a, b] = P(y1 = a, y2 = b | y1 != y2) under pi_ref x pi_ref, and
+    p_win[p, a, b] = sigmoid(r_a - r_b) = P(a is labelled chosen over b), Shape (P, K, K) float64 each."""
+    ref, r = bandit.ref_probs, bandit.rewards
+    w = ref[..., :, None] * ref[..., None, :]
+    w = w * (1 - torch.eye(r.shape[-1], dtype=w.dtype))
+    return w / w.sum((-1, -2), keepdim=True), torch.sigmoid(r[..., :, None] - r[..., None, :])
+
+
+def chosen_distribution(bandit: TabularBandit) -> Tensor:
+    """P(y_w = a) = 2 sum_b w[a, b] sigmoid(r_a - r_b), Shape (P, K) float64: where SFT on chosen completions
+    converges (the minimiser of E[-log pi(y_w)] is the distribution of y_w)."""
+    w, p_win = pair_weights(bandit)
+    return 2 * (w * p_win).sum(-1)
+
+
+def pair_loss_population_optimum(bandit: TabularBandit,
+                                 loss: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor],
+                                 steps: int = 300) -> Tensor:
+    """Exact population minimiser of a per-pair loss on this bed, Shape (P, K) float64.
+
+    ``loss(logp_w, logp_l, rho_w, rho_l)`` is the per-pair loss of single-token pairs from the policy's log-probs
+    and log-ratios rho = log pi - log pi_ref (tensors broadcasting to (P, K, K): chosen a, rejected b). Its
+    expectation over (y1, y2) ~ pi_ref x pi_ref | y1 != y2 with Bradley-Terry labels (:func:`pair_weights`) is
+    minimised over the logits in float64 by L-BFGS, starting from pi_ref. (An independent computation: exact
+    expectations instead of sampled pairs, the formula written by the caller from the paper, not the plugin's
+    code.) For a loss whose infimum lies at the boundary of the simplex (some response with probability 0) it
+    returns where L-BFGS stops.
+    """
+    ref = bandit.ref_probs
+    w, p_win = pair_weights(bandit)
+    theta = torch.log(ref).clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=steps, tolerance_grad=1e-12, tolerance_change=1e-15,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        logp = torch.log_softmax(theta, -1)
+        rho = logp - torch.log(ref)
+        value = (w * p_win * loss(logp[..., :, None], logp[..., None, :], rho[..., :, None], rho[..., None, :])).sum()
+        value.backward()
+        return value
 
     opt.step(closure)
     return torch.softmax(theta.detach(), -1)

@@ -21,7 +21,9 @@ Map (one idea per module):
                     reward on the last token
     surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance
     importance.py   GSPO's sequence ratio (and GSPO-token's), CISPO's clipped IS weight, -sg(w) A log pi
-    pairwise.py     pairwise links on a margin: Bradley-Terry sigmoid (cDPO smoothing), IPO, hinge
+    pairwise.py     pairwise links on a pair's scores: Bradley-Terry sigmoid (cDPO smoothing), IPO, hinge,
+                    rDPO, EXO, NCA, SPPO, APO, BCO, DiscoPOP, AOT, the chosen NLL
+    odds.py         the log odds of a completion and ORPO's log odds ratio, stable near P = 1
     best_of_n.py    best-of-n: which sample it keeps, its analytic KL log n - (n-1)/n
     reduce.py       the one loss reduction (sequence/token mean, constant, example mean) with a
                     global normaliser, exact under gradient accumulation and data parallelism
@@ -72,7 +74,8 @@ from .logprobs import (
 from .linear_logps import linear_token_logps
 from .optimum import log_partition, optimal_policy, optimal_value, regularised_objective
 from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
-from .pairwise import PAIRWISE_LOSSES, bradley_terry_loss, pairwise_loss
+from .odds import log_odds, log_odds_ratio
+from .pairwise import PAIRWISE_LOSSES, PairScores, bradley_terry_loss, pairwise_loss
 from .surrogate import clipped_surrogate_loss, clipped_value_loss, explained_variance, ratio_statistics
 from .importance import clipped_is_weight, gspo_token_log_ratio, sequence_log_ratio, weighted_policy_gradient_loss
 
@@ -135,8 +138,12 @@ __all__ = [
     "weighted_policy_gradient_loss",
     # pairwise
     "PAIRWISE_LOSSES",
+    "PairScores",
     "pairwise_loss",
     "bradley_terry_loss",
+    # odds (ORPO)
+    "log_odds",
+    "log_odds_ratio",
     # best-of-n
     "best_of_n_kl",
     "best_of_n_indices",

@@ -64,3 +64,36 @@ def test_best_of_n_kl_formula_is_an_upper_bound_reached_for_continuous_rewards()
         assert bool((kl < bound).all())
         fine = TabularBandit(torch.zeros(1, 1000), torch.linspace(0, 1, 1000)[None])
         assert abs(float(kl_divergence(best_of_n_policy(fine, n), fine.ref_probs)) - bound) < 1e-3  # 1e-5 measured
+
+
+def test_chosen_distribution_matches_brute_force_enumeration():
+    """P(y_w = a) by enumerating every ordered pair (y1, y2), y1 != y2, drawn from pi_ref and labelled by
+    Bradley-Terry: y1 is chosen w.p. sigmoid(r1 - r2), else y2."""
+    from prefzoo.lab.oracles import chosen_distribution
+
+    ref, r = BANDIT.ref_probs, BANDIT.rewards
+    k = BANDIT.num_responses
+    want = torch.zeros_like(ref)
+    for p in range(BANDIT.num_prompts):
+        norm = 1 - float((ref[p] ** 2).sum())
+        for y1, y2 in itertools.product(range(k), repeat=2):
+            if y1 != y2:
+                w = float(ref[p, y1] * ref[p, y2]) / norm
+                win = 1 / (1 + math.exp(-float(r[p, y1] - r[p, y2])))
+                want[p, y1] += w * win
+                want[p, y2] += w * (1 - win)
+    torch.testing.assert_close(chosen_distribution(BANDIT), want, rtol=0, atol=1e-12)
+
+
+def test_pair_loss_optimum_of_the_dpo_loss_is_pi_star_and_of_simpos_is_the_simpo_oracle():
+    """The generic population minimiser checked on two cases with known answers: the DPO sigmoid loss on
+    Bradley-Terry pairs is minimised at pi* (Rafailov et al. 2023), and SimPO's loss at simpo_population_optimum."""
+    import torch.nn.functional as F
+
+    from prefzoo.lab.oracles import pair_loss_population_optimum, simpo_population_optimum
+    from prefzoo.objective import optimal_policy
+
+    dpo = pair_loss_population_optimum(BANDIT, lambda lw, ll, rw, rl: F.softplus(-BETA * (rw - rl)))
+    torch.testing.assert_close(dpo, optimal_policy(BANDIT.ref_probs, BANDIT.rewards, BETA), rtol=0, atol=1e-6)
+    simpo = pair_loss_population_optimum(BANDIT, lambda lw, ll, rw, rl: F.softplus(-(BETA * (lw - ll) - 0.25)))
+    torch.testing.assert_close(simpo, simpo_population_optimum(BANDIT, BETA, 0.25), rtol=0, atol=1e-6)

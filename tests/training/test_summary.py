@@ -21,7 +21,7 @@ def _one_torch_thread():
 
 
 @pytest.mark.parametrize("algo, extra", [
-    ("dpo", PAIRS), ("simpo", PAIRS), ("grpo", []), ("ppo", ["algo.epochs=1"]), ("bon", ["algo.n=2"]),
+    ("dpo", PAIRS), ("simpo", PAIRS), ("orpo", PAIRS), ("sft", PAIRS), ("grpo", []), ("ppo", ["algo.epochs=1"]), ("bon", ["algo.n=2"]),
     ("rm", PAIRS),
 ])
 def test_results_block_has_the_same_keys_for_every_algorithm(algo, extra, tmp_path):
