@@ -205,9 +205,7 @@ def build_pairs(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     register_configs()
-    from prefzoo.commands import conf_dir
-
-    conf = conf_dir()  # packaged with prefzoo (prefzoo/conf), installed or in a clone
+    conf = Path(__file__).resolve().parent / "conf"  # packaged with prefzoo (prefzoo/conf), installed or in a clone
     try:
         with initialize_config_dir(config_dir=str(conf), version_base=None):
             cfg = to_typed(compose("config", overrides=list(sys.argv[1:] if argv is None else argv)))
