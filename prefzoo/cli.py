@@ -100,6 +100,9 @@ def to_typed(cfg: DictConfig) -> Config:
 
     needs = declaration_of(typed)  # building the plugin runs its validate_settings on the resolved objective
     check_references(typed, needs.num_samples)  # early-stopping metric, adapter folder, reward functions
+    from prefzoo.training.trackers import check_report_to
+
+    check_report_to(typed)  # trainer.report_to: known trackers, their packages installed
     warn_idle(typed, needs.trains)
     return typed
 
