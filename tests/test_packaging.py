@@ -117,3 +117,18 @@ def test_python_m_prefzoo_without_a_command_is_one_line_and_exit_status_2(tmp_pa
                           text=True, timeout=60)
     assert proc.returncode == 0
     assert all(f"prefzoo {c}" in proc.stdout for c in ("train", "pairs", "report", "conformance", "toy"))
+
+
+def test_a_config_folder_of_ones_own_is_added_with_config_dir(tmp_path):
+    """``prefzoo train --config-dir MY_CONF model=mytiny``: a model yaml that exists only in the user's folder (a
+    copy of prefzoo's tiny.yaml under another name) composes beside prefzoo's packaged groups (algo=dpo from them),
+    without copying prefzoo's configs: the job config's model is tiny's (name: tiny)."""
+    mine = tmp_path / "my_conf" / "model"
+    mine.mkdir(parents=True)
+    shutil.copy(ROOT / "prefzoo" / "conf" / "model" / "tiny.yaml", mine / "mytiny.yaml")
+    env = {**ENV, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "prefzoo", "train", "--config-dir", str(tmp_path / "my_conf"),
+                           "model=mytiny", "algo=dpo", "--cfg", "job"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "model:\n  name: tiny\n" in proc.stdout and "algo:\n  name: dpo\n" in proc.stdout
