@@ -100,6 +100,9 @@ def to_typed(cfg: DictConfig) -> Config:
 
     needs = declaration_of(typed)  # building the plugin runs its validate_settings on the resolved objective
     check_references(typed, needs.num_samples)  # early-stopping metric, adapter folder, reward functions
+    from prefzoo.training.trackers import check_report_to
+
+    check_report_to(typed)  # trainer.report_to: known trackers, their packages installed
     warn_idle(typed, needs.trains)
     return typed
 
@@ -205,7 +208,7 @@ def build_pairs(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     register_configs()
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parent / "conf"  # packaged with prefzoo (prefzoo/conf), installed or in a clone
     try:
         with initialize_config_dir(config_dir=str(conf), version_base=None):
             cfg = to_typed(compose("config", overrides=list(sys.argv[1:] if argv is None else argv)))

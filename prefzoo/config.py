@@ -178,6 +178,7 @@ class TrainerConfig:
     resume: bool = False
     progress: bool = True
     tensorboard: bool = True
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # + trackio, wandb; [none]: no tracker
     device: str = "auto"  # auto | cpu | cuda
     num_threads: int = 0  # 0: torch's default
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)

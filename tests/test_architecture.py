@@ -35,7 +35,8 @@ ALLOWED: dict[str, set[str]] = {
     "lab": BASE | MIDDLE | {"algos", "training"},
     "report": BASE | MIDDLE | {"training", "lab"},
     "cli": BASE | MIDDLE | {"algos", "training", "lab", "report"},
-    "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli"},
+    "commands": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli"},  # the prefzoo console script
+    "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "commands"},
     "__init__": set(),
 }
 

@@ -43,6 +43,10 @@ class PromptSet:
         ids, mask = pad_rows([self.prompt_ids[i] for i in indices], "left", pad_id)
         cols = {k: [v[i] for i in indices] for k, v in self.columns.items()}
         cols["prompt_text"] = [self.texts[i] for i in indices]
+        if self.raw is not None and any(not isinstance(self.raw[i], str) for i in indices):
+            from prefzoo.rewards.protocol import PROMPT_MESSAGES
+
+            cols[PROMPT_MESSAGES] = [self.raw[i] for i in indices]  # chat messages: TRL-style rewards get them
         return PromptBatch(ids, mask, cols)
 
     def subset(self, n: int) -> "PromptSet":

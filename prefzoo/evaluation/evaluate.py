@@ -45,6 +45,8 @@ from prefzoo.errors import RewardError
 from prefzoo.evaluation.diversity import grouped_distinct_n, max_repeat_run
 from prefzoo.objective import masked_mean, sequence_kl
 
+from prefzoo.rewards.protocol import COMPLETION_IDS, completion_id_lists
+
 log = logging.getLogger(__name__)
 
 
@@ -97,6 +99,7 @@ class Evaluator:
             batch = prompts.batch(idx, self.policy.pad_id).to(self.policy.device)
             samples = self.policy.sample(batch, k, params)
             cols = {c: [v[i] for i in range(len(idx)) for _ in range(k)] for c, v in batch.columns.items()}
+            cols[COMPLETION_IDS] = completion_id_lists(samples)  # TRL's completion_ids= (CombinedReward pops it)
             out.append((self._decode(samples), cols.pop("prompt_text"), cols, samples))
         return out
 

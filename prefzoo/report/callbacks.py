@@ -30,7 +30,21 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
+TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"  # in a clone; an installed package has none
+#: how a callback starts a training run: ``python -m prefzoo train`` (the same as train.py, installed or not)
+TRAIN_CMD = [sys.executable, "-m", "prefzoo", "train"]
+
+
+def _env_importing_prefzoo() -> dict:
+    """The environment with this prefzoo importable (a clone run without an install included), for a subprocess
+    that runs in the current folder, where the sweep's relative folders are."""
+    import os
+
+    import prefzoo
+
+    here = str(Path(prefzoo.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}
 
 
 class WriteReport(Callback):
@@ -73,10 +87,10 @@ class TrainFirst(Callback):
             print(f"[prefzoo] {self.what}: found {folder}, not retrained", flush=True)
             return
         # hydra.output_subdir=null: no .hydra/ folder, so the report does not count it as one of the sweep's jobs
-        cmd = [sys.executable, str(TRAIN_PY), *self.overrides, f"hydra.run.dir={folder}", "hydra.output_subdir=null"]
+        cmd = [*TRAIN_CMD, *self.overrides, f"hydra.run.dir={folder}", "hydra.output_subdir=null"]
         print(f"[prefzoo] {self.what}: {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=TRAIN_PY.parent)
+        proc = subprocess.run(cmd, env=_env_importing_prefzoo())
         if proc.returncode != 0:
             raise RuntimeError(f"the {self.what} run failed (exit status {proc.returncode}); its folder: {folder}")
         print(f"[prefzoo] {self.what}: done in {time.perf_counter() - start:.0f} s -> {folder}", flush=True)

@@ -109,40 +109,42 @@ def resolve_reward(spec: str | RewardFn) -> RewardFn:
 
 
 _CALL = "fn(prompts, completions, **columns) -> list[float]"
+_TRL_CALL = "or, as TRL calls them, with keywords prompts=, completions=, completion_ids= and every column"
 
 
 def check_reward_signature(spec: str | RewardFn, fn: RewardFn, columns: Sequence[str] | None = None) -> None:
-    """Check, without calling it, that ``fn`` can be called as ``fn(prompts, completions, **columns)``.
+    """Check, without calling it, that ``fn`` can be called in prefzoo's positional form
+    ``fn(prompts, completions, **columns)`` or TRL's keyword form (:mod:`prefzoo.rewards.protocol`).
 
     Args:
         spec: how the function was named (for the message).
-        columns: the data's column names, passed as keywords; None checks only the two positional arguments
-            (a required parameter after them may still be filled by a column).
+        columns: the data's column names, passed as keywords; None checks only the shape (a required parameter
+            after prompts and completions may still be filled by a column).
 
     Raises:
-        ConfigError: ``fn`` takes fewer than two positional arguments, or a required positional-only one more,
-            or (with ``columns``) cannot take these columns (an unexpected one, or a required one missing).
+        ConfigError: ``fn`` takes neither form (e.g. one positional argument and no ``**kwargs``), or (with
+            ``columns``) cannot take these columns (an unexpected one, or a required one missing).
     """
+    from prefzoo.rewards.protocol import bind_error, keyword_shape, positional_shape
+
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # a callable without an introspectable signature: nothing to check
         return
     name = spec if isinstance(spec, str) else reward_name(spec)
-    params = list(sig.parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    stuck = [p.name for p in positional[2:] if p.kind == p.POSITIONAL_ONLY and p.default is p.empty]
-    if (len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in params)) or stuck:
-        raise ConfigError(f"reward {name!r} has the signature {sig}, but a reward function is called as {_CALL}; "
-                          "give it (prompts, completions, **columns) parameters.")
+    if not (positional_shape(sig) or keyword_shape(sig)):
+        raise ConfigError(f"reward {name!r} has the signature {sig}, but a reward function is called as {_CALL} "
+                          f"({_TRL_CALL}); give it (prompts, completions, **columns) or (completions, **kwargs) "
+                          "parameters.")
     if columns is None:
         return
-    try:
-        sig.bind([], [], **{c: [] for c in columns})
-    except TypeError as err:
+    err = bind_error(sig, list(columns))
+    if err is not None:
         hint = ("add **columns (or **_) to its parameters for the columns it does not use"
                 if "unexpected keyword" in str(err) else "give the data that column, or drop the reward")
         raise ConfigError(f"reward {name!r} {sig} cannot be called with this data's columns "
-                          f"[{', '.join(columns)}] ({err}); it is called as {_CALL}: {hint}.") from None
+                          f"[{', '.join(columns)}] ({err}); it is called as {_CALL}: {hint} ({_TRL_CALL} "
+                          "works too: fn(completions, **kwargs)).") from None
 
 
 def reward_name(spec: str | RewardFn) -> str:
@@ -208,8 +210,10 @@ class CombinedReward:
             if isinstance(weight, bool) or not isinstance(weight, Real) or not math.isfinite(weight):
                 raise ConfigError(f"the weight of reward {name!r} is {weight!r}; use a finite number.")
         self.weights = [float(w) for w in weights]
-        self.last_components: dict[str, list[float]] = {}
+        self.last_components: dict[str, list[float | None]] = {}
+        self.last_missing: dict[str, int] = {}  # name -> samples it returned None for on the last call
         self.num_calls = 0
+        self._styles: dict[tuple, str | None] = {}  # (function index, column names) -> call style, found once
 
     @staticmethod
     def _unique_names(names: list[str]) -> list[str]:
@@ -221,6 +225,10 @@ class CombinedReward:
         return unique
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
+        from prefzoo.rewards.protocol import COMPLETION_IDS, PROMPT_MESSAGES
+
+        messages = columns.pop(PROMPT_MESSAGES, None)  # conversational prompts: TRL-style functions get messages
+        completion_ids = columns.pop(COMPLETION_IDS, None)
         batch = len(completions)
         if len(prompts) != batch:
             raise DataError(
@@ -235,20 +243,31 @@ class CombinedReward:
                 )
         self.num_calls += 1
         components = {}
-        for name, fn in zip(self.names, self.functions):
-            components[name] = self._call_one(name, fn, prompts, completions, columns)
+        for j, (name, fn) in enumerate(zip(self.names, self.functions)):
+            components[name] = self._call_one(j, name, fn, prompts, completions, columns, messages, completion_ids)
         self.last_components = components
+        self.last_missing = {name: sum(s is None for s in scores) for name, scores in components.items()}
         totals = [0.0] * batch
         for name, weight in zip(self.names, self.weights):
             for i, score in enumerate(components[name]):
-                totals[i] += weight * score
+                if score is not None:  # missing (the function does not apply to this sample): left out, as in TRL
+                    totals[i] += weight * score
         return totals
 
-    def _call_one(self, name, fn, prompts, completions, columns) -> list[float]:
+    def _call_one(self, j, name, fn, prompts, completions, columns, messages=None,
+                  completion_ids=None) -> list[float | None]:
+        from prefzoo.rewards.protocol import KEYWORD, call_style, keyword_arguments
+
         batch = len(completions)
         where = f"on call {self.num_calls}, a batch of {batch} samples"
+        key = (j, tuple(columns))
+        if key not in self._styles:
+            self._styles[key] = call_style(fn, tuple(columns))
         try:
-            scores = fn(list(prompts), list(completions), **columns)
+            if self._styles[key] == KEYWORD:
+                scores = fn(**keyword_arguments(fn, prompts, completions, columns, messages, completion_ids))
+            else:  # prefzoo's positional form (and anything else: its TypeError names what is wrong)
+                scores = fn(list(prompts), list(completions), **columns)
         except Exception as err:
             first = f" starting with completion {_preview(completions[0])}" if batch else ""
             raise RewardError(
@@ -269,13 +288,17 @@ class CombinedReward:
             )
         checked = []
         for i, score in enumerate(scores):
+            if score is None:  # TRL's convention: the function does not apply to this sample
+                checked.append(None)
+                continue
             if isinstance(score, Real) and math.isfinite(score):
                 checked.append(float(score))
                 continue
             problem = "a non-finite value" if isinstance(score, Real) else f"a non-number ({type(score).__name__})"
             raise RewardError(
                 f"reward function {name!r} returned {problem} {score!r} for sample {i} ({where}), "
-                f"completion {_preview(completions[i])}; every score must be a finite float."
+                f"completion {_preview(completions[i])}; every score must be a finite float (or None where the "
+                f"function does not apply)."
             )
         return checked
 

@@ -65,7 +65,7 @@ from prefzoo.training.early_stopping import EarlyStopping
 from prefzoo.training.checkpoint import (load_trainer_state, load_weights, rng_state, save_checkpoint, save_weights,
                                          set_rng_state)
 from prefzoo.training.distributed import DataParallel, TrainableModules, setup_data_parallel
-from prefzoo.training.metrics_log import MetricsLog
+from prefzoo.training.trackers import open_metrics_log
 from prefzoo.training.resume import continue_schedule, run_config
 from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
 from prefzoo.training.sampler import IndexSampler
@@ -182,7 +182,7 @@ class Trainer:
                                                      else None),
                                    group_size=self.needs.num_samples, seed=t.seed,
                                    progress=t.progress, gold_reward_fn=build_gold_reward(cfg))
-        self.metrics_log = MetricsLog(self.run_dir, tensorboard=t.tensorboard, enabled=self.dp.is_main)
+        self.metrics_log = open_metrics_log(cfg, self.run_dir, self.dp.is_main)  # report_to: tensorboard, trackio, wandb
         self.step = 0
         self.kl_spent: float | None = None  # the latest KL(pi || pi_ref) measurement, nats per sequence
         self.eval_history: list[dict] = []  # {"step", numeric evaluation metrics...}: before, every N steps, after
@@ -321,6 +321,7 @@ class Trainer:
         result = self.evaluator.run()
         result["seconds"] = round(time.perf_counter() - start, 1)
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
+        self.metrics_log.log_eval(self.step, result)  # eval/<metric> in TensorBoard and the trackers
         self.eval_history.append({"step": self.step, "tag": tag,
                                   **{k: v for k, v in result.items() if isinstance(v, (int, float, str))
                                      and not k.endswith("examples")}})

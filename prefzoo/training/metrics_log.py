@@ -20,9 +20,10 @@ class MetricsLog:
     uninterrupted run.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True, trackers=()):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
+        self.trackers = list(trackers)  # trackio / wandb (prefzoo.training.trackers), given the same scalars
         self.writer = None
         if enabled and tensorboard:
             try:
@@ -45,14 +46,30 @@ class MetricsLog:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        self._scalars(step, metrics)
+
+    def _scalars(self, step: int, metrics: dict) -> None:
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self.writer.add_scalar(k, v, step)
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
+
+    def log_eval(self, step: int, result: dict) -> None:
+        """A held-out evaluation's numbers as ``eval/<metric>`` scalars at ``step`` (TensorBoard and trackers;
+        the evaluation's own record is its ``eval_<tag>.json``)."""
+        if not self.enabled:
+            return
+        self._scalars(step, {f"eval/{k}": v for k, v in result.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seconds"})
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
 
 
 def read_metrics(path: Path) -> list[dict]:

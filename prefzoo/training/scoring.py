@@ -5,7 +5,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from prefzoo.rewards.protocol import COMPLETION_IDS, completion_id_lists
 from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SequenceBatch
+
+
+def component_metrics(components: dict, missing_seen: set | None = None) -> dict[str, float]:
+    """``reward/<name>``: the mean of each function's scores, the missing ones (None) left out (no key when all
+    are missing); ``reward/<name>/missing``: the share of samples it returned None for, from the first step where
+    it did on (``missing_seen`` remembers those functions across calls)."""
+    out = {}
+    for name, scores in components.items():
+        given = [s for s in scores if s is not None]
+        if given:
+            out[f"reward/{name}"] = sum(given) / len(given)
+        if missing_seen is not None and len(given) < len(scores):
+            missing_seen.add(name)
+        if missing_seen is not None and name in missing_seen:
+            out[f"reward/{name}/missing"] = (len(scores) - len(given)) / max(1, len(scores))
+    return out
 
 
 class TextScorer:
@@ -20,6 +37,7 @@ class TextScorer:
         self.tokenizer, self.reward_fn, self.pad_id = tokenizer, reward_fn, pad_id
         self.last_metrics: dict[str, float] = {}
         self.last_texts: list[str] = []
+        self._missing_seen: set[str] = set()  # functions that returned None once: their missing share is logged on
 
     def __call__(self, samples: SequenceBatch, prompts: PromptBatch) -> Tensor:
         ids = samples.completion_ids.masked_fill(~samples.completion_mask, self.pad_id)
@@ -27,8 +45,9 @@ class TextScorer:
         which = samples.prompt_index.tolist()
         cols = {k: [v[i] for i in which] for k, v in prompts.columns.items() if k != ROLLOUT_SEED_COLUMN}
         prompt_texts = cols.pop("prompt_text")
+        cols[COMPLETION_IDS] = completion_id_lists(samples)  # TRL's completion_ids= (the reward pops it)
         rewards = self.reward_fn(prompt_texts, texts, **cols)
-        components = getattr(self.reward_fn, "last_components", {}) or {}
-        self.last_metrics = {f"reward/{k}": sum(v) / max(1, len(v)) for k, v in components.items()}
+        self.last_metrics = component_metrics(getattr(self.reward_fn, "last_components", {}) or {},
+                                              self._missing_seen)
         self.last_texts = texts
         return torch.tensor([float(r) for r in rewards], dtype=torch.float32, device=samples.completion_ids.device)

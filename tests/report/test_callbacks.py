@@ -1,6 +1,7 @@
 """The report wing's entry points outside a sweep: ``python -m prefzoo.report`` on a folder without runs, and the
 Hydra callbacks (prefzoo.report.callbacks) of the recipes."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,11 @@ from prefzoo.report import callbacks
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_train_first_runs_the_repository_train_py():
-    """TrainFirst runs ``train.py`` of the repository root (callbacks.py sits two folders below it since the move
-    to prefzoo/report/; one folder up would be prefzoo/train.py, which does not exist)."""
-    assert callbacks.TRAIN_PY == ROOT / "train.py" and callbacks.TRAIN_PY.is_file()
+def test_train_first_runs_prefzoo_train_importable_from_this_checkout():
+    """TrainFirst runs ``python -m prefzoo train`` (an installed wheel has no train.py), with this checkout first on
+    PYTHONPATH so a clone without an install runs the same code (the folder two above callbacks.py: the root)."""
+    assert callbacks.TRAIN_CMD == [sys.executable, "-m", "prefzoo", "train"]
+    assert callbacks._env_importing_prefzoo()["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
 
 
 def test_report_of_a_folder_without_runs_is_one_line_and_exit_status_2(tmp_path):
