@@ -47,7 +47,6 @@ per sequence, k1 / k3, nats), ``kl_loss`` (the KL loss term's token mean), ``cli
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -55,13 +54,12 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.algos.sampled import (AGGREGATION_OF, check_rollout_settings, drift_metrics,  # noqa: F401 (re-exported)
+                                   rollout_declaration, sample_and_score)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (ADVANTAGE_SCALES, clipped_surrogate_loss, group_advantages, kl_loss, kl_penalty_rewards,
-                               masked_sum, ratio_statistics, sequence_kl)
+                               masked_sum, ratio_statistics)
 from prefzoo.types import Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, Scorer
-
-AGGREGATION_OF = {"grpo": "sequence_mean", "dr_grpo": "constant", "dapo": "token_mean"}
-
 
 @dataclass
 class GRPOConfig(AlgoConfig):
@@ -85,13 +83,6 @@ class GRPOConfig(AlgoConfig):
     mask_truncated: bool = False  # completions without EOS contribute no loss
 
 
-def drift_metrics(logps: Tensor, ref_logps: Tensor, mask: Tensor) -> dict[str, float]:
-    """KL(pi || pi_ref) per sequence (k1 and k3 estimates, nats, mean over rows) of sampled completions."""
-    out = {f"kl_{k}": sequence_kl(logps, ref_logps, mask, k).mean().item() for k in ("k1", "k3")}
-    out["kl"] = out["kl_k1"]
-    return out
-
-
 @register
 class GRPO(Algorithm):
     """GRPO plugin: online groups, verifiable rewards, group-relative advantages, clipped surrogate."""
@@ -106,24 +97,10 @@ class GRPO(Algorithm):
                               "group is the baseline).")
         if cfg.scale_rewards not in ADVANTAGE_SCALES:
             raise ConfigError(f"algo.scale_rewards={cfg.scale_rewards!r}; choose one of {', '.join(ADVANTAGE_SCALES)}.")
-        if cfg.loss_aggregation not in AGGREGATION_OF:
-            raise ConfigError(f"algo.loss_aggregation={cfg.loss_aggregation!r}; choose one of {', '.join(AGGREGATION_OF)}.")
-        if cfg.epochs < 1 or cfg.num_minibatches < 1:
-            raise ConfigError(f"algo.epochs={cfg.epochs} and algo.num_minibatches={cfg.num_minibatches} must be >= 1.")
-        if not 0 <= cfg.clip_eps_low < 1 or cfg.clip_eps_high < 0:
-            raise ConfigError(f"algo.clip_eps_low={cfg.clip_eps_low} must be in [0, 1) and algo.clip_eps_high="
-                              f"{cfg.clip_eps_high} >= 0.")
-        if objective.kl_controller == "adaptive" and not objective.beta > 0:
-            raise ConfigError("the adaptive KL controller needs a starting objective.beta > 0.")
+        check_rollout_settings(cfg, objective)
 
     def declare(self) -> Declaration:
-        aggregation = AGGREGATION_OF[self.cfg.loss_aggregation]
-        return Declaration(
-            reference=self.beta > 0 or self.objective.kl_controller == "adaptive", online=True, reward=True,
-            aggregation=aggregation,
-            aggregation_constant=self.sampling.max_new_tokens if aggregation == "constant" else None,
-            epochs=self.cfg.epochs, num_minibatches=self.cfg.num_minibatches, num_samples=self.cfg.num_samples,
-            progress_keys=("reward", "kl_k3", "clip_fraction"))
+        return rollout_declaration(self, ("reward", "kl_k3", "clip_fraction"))
 
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.loss_mask
@@ -135,43 +112,21 @@ class GRPO(Algorithm):
 
     @torch.no_grad()
     def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
-        g, temperature, o = self.cfg.num_samples, self.sampling.temperature, self.objective
-        t0 = time.perf_counter()
-        samples = policy.sample(prompts, g, self.sampling)
-        t1 = time.perf_counter()
-        rewards = score(samples, prompts)
-        mask = samples.completion_mask
-        ref_logps = old_logps = logps = None
-        metrics: dict[str, float] = {}
+        g, o = self.cfg.num_samples, self.objective
         # A no-grad pass of the policy only where the log-probs at sampling time are needed before the update
         # (several epochs, or the KL in the reward). With one epoch the drift metrics come from the update's own
         # forward pass (see loss), which computes these very log-probs.
         in_reward = self.beta > 0 and o.kl_placement == "in_reward"
-        if self.stores_old_logps() or in_reward:
-            logps, _ = policy.logps(samples, temperature)
-            if self.stores_old_logps():
-                old_logps = logps
-        if policy.reference is not None:
-            ref_logps = policy.ref_logps(samples, temperature)
-            if logps is not None:
-                metrics.update(drift_metrics(logps, ref_logps, mask))
+        r = sample_and_score(policy, prompts, score, g, self.sampling, need_logps=self.stores_old_logps() or in_reward)
+        samples, rewards, mask = r.samples, r.rewards, r.samples.completion_mask
         shaped = rewards
         if in_reward:
-            shaped = rewards + kl_penalty_rewards(logps, ref_logps, mask, self.beta, o.kl_estimator).sum(-1)
+            shaped = rewards + kl_penalty_rewards(r.logps, r.ref_logps, mask, self.beta, o.kl_estimator).sum(-1)
         advantages = group_advantages(shaped, g, self.cfg.scale_rewards, self.cfg.advantage_eps,
                                       all_reduce=self.all_reduce)  # data parallel: scale_rewards=batch's std is global
         loss_mask = mask & ~samples.truncated[:, None] if self.cfg.mask_truncated else mask
-        t2 = time.perf_counter()
-        lengths = mask.sum(-1).float()
-        grouped = rewards.view(-1, g)
-        metrics.update({
-            "reward": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "frac_zero_std_groups": (grouped.max(-1).values == grouped.min(-1).values).float().mean().item(),
-            "completion_length": lengths.mean().item(), "completion_length_max": lengths.max().item(),
-            "frac_truncated": samples.truncated.float().mean().item(),
-            "generated_tokens_per_second": int(mask.sum()) / max(t1 - t0, 1e-9),
-            "time/generation": t1 - t0, "time/scoring_and_ref": t2 - t1,
-        })
+        old_logps = r.logps if self.stores_old_logps() else None
+        ref_logps, metrics = r.ref_logps, r.metrics
         token_advantages = torch.where(mask, advantages[:, None].float(), torch.zeros((), device=mask.device))
         return Experience.from_samples(samples, rewards=rewards, advantages=token_advantages, loss_mask=loss_mask,
                                        old_logps=old_logps, ref_logps=ref_logps), metrics

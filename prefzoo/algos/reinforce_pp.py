@@ -40,8 +40,8 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.grpo import AGGREGATION_OF
-from prefzoo.algos.sampled import add_kl_loss, sample_and_score, update_metrics
+from prefzoo.algos.sampled import (add_kl_loss, check_rollout_settings, rollout_declaration, sample_and_score,
+                                   update_metrics)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (add_sequence_reward, clipped_surrogate_loss, gae, group_advantages, kl_penalty_rewards,
                                masked_var, masked_whiten)
@@ -82,25 +82,10 @@ class ReinforcePP(Algorithm):
         if cfg.num_samples < (2 if cfg.baseline == "group" else 1):
             raise ConfigError(f"algo.num_samples={cfg.num_samples}: must be >= 1, and >= 2 with algo.baseline=group "
                               "(the group mean is the baseline).")
-        if cfg.loss_aggregation not in AGGREGATION_OF:
-            raise ConfigError(f"algo.loss_aggregation={cfg.loss_aggregation!r}; choose one of "
-                              f"{', '.join(AGGREGATION_OF)}.")
-        if cfg.epochs < 1 or cfg.num_minibatches < 1:
-            raise ConfigError(f"algo.epochs={cfg.epochs} and algo.num_minibatches={cfg.num_minibatches} must be >= 1.")
-        if not 0 <= cfg.clip_eps_low < 1 or cfg.clip_eps_high < 0:
-            raise ConfigError(f"algo.clip_eps_low={cfg.clip_eps_low} must be in [0, 1) and algo.clip_eps_high="
-                              f"{cfg.clip_eps_high} >= 0.")
-        if objective.kl_controller == "adaptive" and not objective.beta > 0:
-            raise ConfigError("the adaptive KL controller needs a starting objective.beta > 0.")
+        check_rollout_settings(cfg, objective)
 
     def declare(self) -> Declaration:
-        aggregation = AGGREGATION_OF[self.cfg.loss_aggregation]
-        return Declaration(
-            reference=self.beta > 0 or self.objective.kl_controller == "adaptive", online=True, reward=True,
-            aggregation=aggregation,
-            aggregation_constant=self.sampling.max_new_tokens if aggregation == "constant" else None,
-            epochs=self.cfg.epochs, num_minibatches=self.cfg.num_minibatches, num_samples=self.cfg.num_samples,
-            progress_keys=("reward", "kl", "clip_fraction"))
+        return rollout_declaration(self, ("reward", "kl", "clip_fraction"))
 
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.loss_mask

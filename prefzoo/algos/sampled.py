@@ -1,9 +1,11 @@
-"""The parts of an online step that plugins with their own advantages share (RLOO, REINFORCE++, Online DPO).
+"""The parts of an online step that the group-sampling plugins share (GRPO and its GSPO / CISPO, RLOO, REINFORCE++,
+Online DPO).
 
 Not a plugin: :func:`sample_and_score` samples G completions per prompt, scores them, runs the no-grad passes a
 plugin asks for and returns the metrics of the shared online schema; :func:`update_metrics` is the loss side
-(clip, ratio, drift, entropy as (sum, count) pairs) and :func:`add_kl_loss` the "as_loss" KL term. GRPO, and GSPO
-and CISPO which derive from it, keep their own copy of the same steps (:mod:`prefzoo.algos.grpo`).
+(clip, ratio, drift, entropy as (sum, count) pairs) and :func:`add_kl_loss` the "as_loss" KL term;
+:func:`check_rollout_settings` and :func:`rollout_declaration` the settings and the declaration those plugins have
+in common (loss aggregation, epochs x mini-batches, policy clip, the reference they need).
 """
 
 from __future__ import annotations
@@ -13,11 +15,55 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from prefzoo.algos.grpo import drift_metrics
-from prefzoo.objective import kl_loss, masked_sum, ratio_statistics
+from prefzoo.algos.base import Declaration
+from prefzoo.errors import ConfigError
+from prefzoo.objective import kl_loss, masked_sum, ratio_statistics, sequence_kl
 from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch
 
-__all__ = ["Rollout", "sample_and_score", "update_metrics", "add_kl_loss"]
+__all__ = ["AGGREGATION_OF", "Rollout", "drift_metrics", "sample_and_score", "update_metrics", "add_kl_loss",
+           "check_rollout_settings", "rollout_declaration"]
+
+#: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
+#: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
+AGGREGATION_OF = {"grpo": "sequence_mean", "dr_grpo": "constant", "dapo": "token_mean"}
+
+
+def drift_metrics(logps: Tensor, ref_logps: Tensor, mask: Tensor) -> dict[str, float]:
+    """KL(pi || pi_ref) per sequence (k1 and k3 estimates, nats, mean over rows) of sampled completions."""
+    out = {f"kl_{k}": sequence_kl(logps, ref_logps, mask, k).mean().item() for k in ("k1", "k3")}
+    out["kl"] = out["kl_k1"]
+    return out
+
+
+def check_rollout_settings(cfg, objective: ObjectiveSettings) -> None:
+    """The checks every group-sampling plugin's config shares (``loss_aggregation``, ``epochs``,
+    ``num_minibatches``, ``clip_eps_low`` / ``clip_eps_high``) and the adaptive controller's starting beta.
+
+    Raises:
+        ConfigError: the first bad value, naming its key and the valid range.
+    """
+    if cfg.loss_aggregation not in AGGREGATION_OF:
+        raise ConfigError(f"algo.loss_aggregation={cfg.loss_aggregation!r}; choose one of {', '.join(AGGREGATION_OF)}.")
+    if cfg.epochs < 1 or cfg.num_minibatches < 1:
+        raise ConfigError(f"algo.epochs={cfg.epochs} and algo.num_minibatches={cfg.num_minibatches} must be >= 1.")
+    if not 0 <= cfg.clip_eps_low < 1 or cfg.clip_eps_high < 0:
+        raise ConfigError(f"algo.clip_eps_low={cfg.clip_eps_low} must be in [0, 1) and algo.clip_eps_high="
+                          f"{cfg.clip_eps_high} >= 0.")
+    if objective.kl_controller == "adaptive" and not objective.beta > 0:
+        raise ConfigError("the adaptive KL controller needs a starting objective.beta > 0.")
+
+
+def rollout_declaration(algo, progress_keys: tuple[str, ...]) -> Declaration:
+    """The declaration of a group-sampling plugin: a reference only when beta > 0 (or adaptive), rollouts scored
+    by the run's reward, the loss reduction of ``algo.cfg.loss_aggregation`` (Dr. GRPO's constant is the sampling
+    budget ``max_new_tokens``), the config's epochs, mini-batches and group size."""
+    cfg, aggregation = algo.cfg, AGGREGATION_OF[algo.cfg.loss_aggregation]
+    return Declaration(
+        reference=algo.beta > 0 or algo.objective.kl_controller == "adaptive", online=True, reward=True,
+        aggregation=aggregation,
+        aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
+        epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
+        progress_keys=progress_keys)
 
 
 @dataclass
