@@ -127,13 +127,29 @@ def test_max_grad_norm_null_means_no_clipping_and_is_accepted():
 def test_an_algorithm_brings_its_run_settings_and_the_command_line_still_wins():
     """GRPOConfig's default_temperature 0.7 and default_batch_size 8 (the one place they live): algo=grpo samples at
     temperature 0.7 with 8 prompts per step; other algorithms keep the base defaults (1.0, 4); an explicit override
-    beats it; recipes that match budgets pin both back."""
+    beats it; recipes that match budgets pin both (algo_compare: the built-in pairs' sampling temperature 0.7, 4 per
+    step)."""
     grpo, dpo = typed("algo=grpo"), typed("algo=dpo")
     assert (grpo.rollout.temperature, grpo.trainer.batch_size) == (0.7, 8)
     assert (dpo.rollout.temperature, dpo.trainer.batch_size) == (1.0, 4)
     assert typed("algo=grpo", "rollout.temperature=1.0").rollout.temperature == 1.0
     pinned = typed("algo=grpo", "+recipe=algo_compare")
-    assert (pinned.rollout.temperature, pinned.trainer.batch_size) == (1.0, 4)
+    assert (pinned.rollout.temperature, pinned.trainer.batch_size) == (0.7, 4)
+
+
+def test_algo_compare_covers_every_policy_algorithm_of_the_zoo():
+    """The recipe's sweep lists every built-in plugin except the reward model (it trains a scorer, not a policy):
+    a plugin added to the zoo and forgotten here fails this test."""
+    from pathlib import Path
+
+    import yaml
+
+    from prefzoo.algos import BUILTIN
+
+    recipe = yaml.safe_load((Path(__file__).parents[1] / "prefzoo/conf/recipe/algo_compare.yaml").read_text())
+    swept = recipe["hydra"]["sweeper"]["params"]["algo"].split(",")
+    assert len(swept) == len(set(swept))
+    assert set(swept) == set(BUILTIN) - {"rm"}
 
 
 @pytest.mark.parametrize("old,new", [
