@@ -98,12 +98,19 @@ def compose(overrides: list[str]):
     from prefzoo.cli import register_configs
     from prefzoo.commands import conf_dir
 
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
     register_configs()
+    backup = get_gh_backup()  # called from inside a Hydra app (its @hydra.main, a compose session): set aside
+    GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(one_line(err)) from None
+    finally:
+        restore_gh_from_backup(backup)
     hydra_node = cfg.hydra
     with open_dict(cfg):
         del cfg["hydra"]

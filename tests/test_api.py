@@ -70,6 +70,28 @@ def test_a_bad_override_raises_the_one_line_error_the_command_line_prints(capsys
     assert not (tmp_path / "run").exists()
 
 
+def test_train_composes_from_inside_a_hydra_session(tmp_path):
+    """Called where Hydra is already initialised (a user's @hydra.main app or compose session: here the tests'
+    initialize_config_dir), prefzoo.train composes prefzoo's own config (its bad override: prefzoo's ConfigError,
+    not Hydra's "GlobalHydra is already initialized" ValueError) and leaves the caller's session as it was."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from prefzoo.cli import register_configs
+    from tests.algos.hydra_runs import CONF_DIR
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        def search_path():
+            return [(e.provider, e.path) for e in GlobalHydra.instance().config_loader().get_search_path().get_path()]
+
+        before = search_path()
+        with pytest.raises(ConfigError, match=r"^Could not override 'trainer.nope'"):
+            prefzoo.train(["model=tiny", "trainer.nope=1"], run_dir=tmp_path / "run")
+        assert GlobalHydra.instance().is_initialized() and search_path() == before  # (Hydra restores a copy)
+        assert compose("config", overrides=["model=tiny"]).model.name == "tiny"
+
+
 @pytest.mark.parametrize("overrides,needle", [
     (["model=tiny", "objective.beta=-1"], "objective.beta=-1.0 is invalid: beta weighs the divergence penalty"),
     (["model=tiny", "algo.num_generations=4"], "algo.num_generations was renamed: use algo.num_samples"),
