@@ -1,6 +1,10 @@
 """Guards that keep the house standing (DESIGN.md, "Which way the imports run"; the plugin-contract issue).
 
 * every room imports only the rooms below it (the table :data:`ALLOWED`), lazy imports inside functions included;
+* ``prefzoo/__init__.py`` imports no room at module level: ``import prefzoo`` stays light, and the Python API
+  (``prefzoo.train``, ``prefzoo.load_policy``, ``prefzoo.RunResult``) comes from ``prefzoo/api.py``, the top room,
+  through the package's module ``__getattr__`` on first use (the ecosystem-fit issue: this rule changed on purpose
+  from "``__init__`` imports nothing of prefzoo" to "only ``api``, and only lazily");
 * nothing but the loop, the lab and the CLI imports ``prefzoo.algos``;
 * no ``hasattr``/``getattr`` on a plugin anywhere: a plugin's needs and capabilities are declared;
 * every yaml in ``conf/`` restates no dataclass default (or it equals it and says nothing).
@@ -37,7 +41,9 @@ ALLOWED: dict[str, set[str]] = {
     "cli": BASE | MIDDLE | {"algos", "training", "lab", "report"},
     "commands": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli"},  # the prefzoo console script
     "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "commands"},
-    "__init__": set(),
+    # the Python API (prefzoo.train / load_policy): the command line's path, without its printing and exiting
+    "api": BASE | MIDDLE | {"algos", "training", "cli", "commands"},
+    "__init__": {"api"},  # lazily only (module __getattr__): see test_the_package_imports_the_api_only_lazily
 }
 
 
@@ -60,6 +66,8 @@ def prefzoo_imports(path: Path) -> list[tuple[int, str]]:
                 names = [".".join(base + ([node.module] if node.module else []))]
             else:
                 names = [node.module or ""]
+            if names == ["prefzoo"]:  # from prefzoo import api, config: each imported name is a room
+                names = [f"prefzoo.{a.name}" for a in node.names]
         else:
             continue
         for name in names:
@@ -85,6 +93,16 @@ def test_every_room_imports_only_the_rooms_below_it():
     assert violations() == []
 
 
+def test_the_package_imports_the_api_only_lazily():
+    """``prefzoo/__init__.py``: no prefzoo import at module level (only inside functions: its ``__getattr__``), and
+    the lazy one is ``prefzoo.api``. (tests/test_api.py checks in a fresh interpreter that ``import prefzoo`` loads no
+    torch, transformers, peft, Hydra.)"""
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [ast.unparse(n) for n in top if "prefzoo" in ast.unparse(n)] == []
+    assert {room for _, room in prefzoo_imports(ROOT / "__init__.py")} == {"api"}
+
+
 def test_the_import_direction_test_fails_on_a_wrong_import(tmp_path):
     """The guard itself: a models/ module that imports the plugins is reported."""
     pkg = tmp_path / "prefzoo"
@@ -92,6 +110,8 @@ def test_the_import_direction_test_fails_on_a_wrong_import(tmp_path):
     (pkg / "models" / "bad.py").write_text("def f():\n    from prefzoo.algos import REGISTRY\n")
     (pkg / "objective").mkdir()
     (pkg / "objective" / "x.py").write_text("from ..training import loop\n")
+    (pkg / "data").mkdir()
+    (pkg / "data" / "y.py").write_text("from prefzoo import algos\n")
     global ROOT
     saved, ROOT = ROOT, pkg
     try:
@@ -100,6 +120,7 @@ def test_the_import_direction_test_fails_on_a_wrong_import(tmp_path):
         ROOT = saved
     assert any("models/bad.py:2 (models) imports prefzoo.algos" in f for f in found), found
     assert any("objective/x.py:1 (objective) imports prefzoo.training" in f for f in found), found
+    assert any("data/y.py:1 (data) imports prefzoo.algos" in f for f in found), found
 
 
 PLUGIN_NAMES = ("algo", "plugin", "self.algo", "algorithm")

@@ -65,6 +65,7 @@ from prefzoo.training.early_stopping import EarlyStopping
 from prefzoo.training.checkpoint import (load_trainer_state, load_weights, rng_state, save_checkpoint, save_weights,
                                          set_rng_state)
 from prefzoo.training.distributed import DataParallel, TrainableModules, setup_data_parallel
+from prefzoo.training.model_card import write_model_card
 from prefzoo.training.trackers import open_metrics_log
 from prefzoo.training.resume import continue_schedule, run_config
 from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
@@ -428,6 +429,7 @@ class Trainer:
                 print_eval("after training" if self.step else "(no training steps)", after)
             summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason, weights)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            write_model_card(cfg, self.run_dir, weights, summary)  # <weights>/README.md over peft's template
         self.metrics_log.close()
         unlock_run_folder(self.run_dir)
         return self.dp.broadcast_object(summary)  # every process returns the main process's summary

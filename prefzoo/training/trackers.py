@@ -4,10 +4,17 @@ Each goes through the library itself, as TRL's ``report_to`` does:
 
 * ``tensorboard`` (the default): ``<run>/tb`` (``torch.utils.tensorboard``), off with ``trainer.tensorboard=false``
   too;
-* ``trackio``: ``trackio.init(project, name, config)``, local by default (its SQLite store under ``TRACKIO_DIR``;
-  a Space only when ``TRACKIO_SPACE_ID`` is set);
-* ``wandb``: ``wandb.init(project, name, config, dir=<run>, mode=$WANDB_MODE or "offline")`` (offline unless you
-  set ``WANDB_MODE=online``; ``wandb sync <run>/wandb/offline-run-*`` uploads later).
+* ``trackio``: ``trackio.init(project, name, config)``, local by default (its SQLite store under ``TRACKIO_DIR``,
+  ``~/.cache/huggingface/trackio`` by default; a Space or a server only when you set ``TRACKIO_SPACE_ID`` or
+  ``TRACKIO_SERVER_URL``);
+* ``wandb``: ``wandb.init(project, name, config, dir=<run>, mode=$WANDB_MODE)`` (offline unless you set
+  ``WANDB_MODE=online``; ``wandb sync <run>/wandb/offline-run-*`` uploads later).
+
+Off the network unless asked (:func:`offline_defaults`): when ``WANDB_MODE`` is unset, prefzoo sets it to ``offline``
+in its process before W&B starts. Passing ``mode="offline"`` to ``wandb.init`` alone is not enough: W&B's process-wide
+settings (read from the environment when it first starts) decide whether it sends its own usage telemetry, which
+otherwise resolves and posts to W&B's server from a background thread even for an offline run. trackio reaches the
+network only with ``TRACKIO_SPACE_ID`` / ``TRACKIO_SERVER_URL``, which prefzoo never sets.
 
 trackio and wandb are optional (``pip install 'prefzoo[trackers]'``); asking for one that is not installed fails
 before any model loads (:func:`check_report_to`). Every tracker gets the training scalars at their step, the
@@ -73,13 +80,24 @@ class TrackioTracker:
         self.trackio.finish()
 
 
+#: environment variables prefzoo sets, when unset, before a tracker starts: they keep it off the network
+OFFLINE_DEFAULTS = {"wandb": {"WANDB_MODE": "offline"}}
+
+
+def offline_defaults(tracker: str, environ=os.environ) -> dict[str, str]:
+    """Set ``tracker``'s :data:`OFFLINE_DEFAULTS` in ``environ`` where the user has set nothing; return those set."""
+    added = {k: v for k, v in OFFLINE_DEFAULTS.get(tracker, {}).items() if k not in environ}
+    environ.update(added)
+    return added
+
+
 class WandbTracker:
     def __init__(self, cfg, run_dir: Path):
+        offline_defaults("wandb")  # before W&B first reads its settings (module docstring)
         import wandb
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "prefzoo"), name=run_dir.name,
-                              config=config_dict(cfg), dir=str(run_dir),
-                              mode=os.environ.get("WANDB_MODE", "offline"))
+                              config=config_dict(cfg), dir=str(run_dir), mode=os.environ["WANDB_MODE"])
 
     def log(self, step: int, metrics: dict) -> None:
         self.run.log(numeric(metrics), step=step)

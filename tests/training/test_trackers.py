@@ -1,14 +1,18 @@
 """``trainer.report_to`` (issue 14, item 5): evaluation numbers in TensorBoard beside the training scalars, trackio
 and W&B through the libraries themselves (local / offline), and the up-front check of the tracker names.
 
-The trackio and W&B tests need their packages (``pip install 'prefzoo[trackers]'``, an optional extra) and are
-skipped without them.
+The trackio and W&B tests need their packages: the ``trackers`` extra, which the ``test`` extra includes (``make test``
+installs it), so they run in every test environment and FAIL (naming the pip command) rather than skip without them.
+They run without a network: W&B in offline mode, trackio in local mode (its SQLite store in the test's folder), and
+:func:`no_network` makes any connection to a non-local address raise in the test process.
 """
 
 import json
 import os
+import socket
 
 import pytest
+import yaml
 
 from prefzoo.errors import ConfigError
 from prefzoo.training import trackers
@@ -107,17 +111,97 @@ def wandb_records(path):
     return out
 
 
+def require(package: str):
+    """Import an optional tracker package, or FAIL naming the install command (``make test`` installs them)."""
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        pytest.fail(f"{package} is not installed: `pip install -e '.[test]'` (its extra 'trackers' holds trackio and "
+                    "wandb), or `make test`, which does")
+
+
+LOCAL = ("127.0.0.1", "::1", "localhost", "", None)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every name lookup and connection of this process to an address that is not local, recorded (and refused):
+    the test asserts the list is empty at its end. (W&B's own service runs in a child process over a local socket;
+    trackio writes SQLite.) Threads of the trackers are covered: a refused lookup in a background thread does not
+    fail the test by itself, the record does."""
+    attempts: list[str] = []
+    real_connect, real_lookup = socket.socket.connect, socket.getaddrinfo
+
+    def connect(self, address):
+        if isinstance(address, tuple) and address[0] not in LOCAL:
+            attempts.append(f"connect {address}")
+            raise OSError("no network in this test")
+        return real_connect(self, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host not in LOCAL:
+            attempts.append(f"lookup {host}")
+            raise socket.gaierror(f"no network in this test: {host}")
+        return real_lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return attempts
+
+
+def expected_scalars(run) -> dict[int, dict[str, float]]:
+    """{step: {key: value}} of what the run itself wrote: every finite number of metrics.jsonl at its step, and
+    every number of eval_before.json (step 0) and eval_after.json (the last step) as eval/<key> (but the timing
+    ``seconds``)."""
+    out: dict[int, dict[str, float]] = {}
+    for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
+        out.setdefault(row["step"], {}).update({k: v for k, v in row.items() if k != "step" and trackers.numeric({k: v})})
+    last = max(out)
+    for tag, step in (("before", 0), ("after", last)):
+        result = json.loads((run / f"eval_{tag}.json").read_text())
+        out.setdefault(step, {}).update({f"eval/{k}": v for k, v in trackers.numeric(result).items() if k != "seconds"})
+    return out
+
+
+def train(overrides: list[str], run) -> None:
+    """The command line's run in ``run``: the resolved config.yaml written first, then the Trainer."""
+    from prefzoo.training.loop import write_resolved_config
+
+    cfg = compose(overrides)
+    run.mkdir(parents=True)
+    write_resolved_config(cfg, run)
+    Trainer(cfg, run).run()
+
+
+def saved_config(run) -> dict:
+    """The run's resolved config as config.yaml holds it."""
+    return yaml.safe_load((run / "config.yaml").read_text())
+
+
+def assert_holds(tracked: dict[int, dict], expected: dict[int, dict]) -> None:
+    assert set(expected) == {0, 1, 2} and len(expected[1]) > 5 and len(expected[0]) > 5  # loss, ..., eval/<...>
+    for step, values in expected.items():
+        got = {k: tracked.get(step, {}).get(k) for k in values}
+        assert got == pytest.approx(values, rel=1e-9, abs=1e-12), step
+
+
 @pytest.mark.slow
-def test_wandb_offline_run_holds_training_and_evaluation_scalars_and_the_config(tmp_path, monkeypatch):
-    """W&B in offline mode (no network): its run file holds, by step, the training loss of metrics.jsonl at steps
-    1 and 2, eval/n_problems of eval_before.json at step 0 and of eval_after.json at step 2, and the resolved
-    config (algo.name dpo, trainer.max_steps 2). Read back from the file W&B wrote (wandb_records), not through
-    prefzoo."""
-    pytest.importorskip("wandb", reason="W&B is an optional extra: pip install 'prefzoo[trackers]'")
-    monkeypatch.setenv("WANDB_MODE", "offline")
+def test_wandb_offline_run_holds_training_and_evaluation_scalars_and_the_config(tmp_path, monkeypatch, no_network):
+    """W&B in offline mode (prefzoo's default when WANDB_MODE is unset; no network): its run file holds, at their
+    steps, every training scalar of metrics.jsonl (steps 1 and 2), every number of eval_before.json at step 0 and of
+    eval_after.json at step 2 as eval/<key>, and as its config the run's whole config.yaml. Read back from the file
+    W&B wrote (wandb_records, W&B's protobuf classes), not through prefzoo; no name lookup or connection beyond the
+    machine, and no telemetry exporter built. Before (trackers extra not installed): skipped; then, with W&B
+    installed, W&B's telemetry thread looked up api.forge.coreweave.com (WANDB_MODE unset: only wandb.init got
+    mode="offline")."""
+    require("wandb")
+    monkeypatch.setenv("WANDB_MODE", "unset")  # (so that the variable prefzoo sets is undone after the test)
+    monkeypatch.delenv("WANDB_MODE")  # prefzoo's default: offline
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
-    Trainer(compose(DPO + ["trainer.report_to=[tensorboard,wandb]"]), run).run()
+    train(DPO + ["trainer.report_to=[tensorboard,wandb]"], run)
     (path,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
     history, config = {}, {}
     for record in wandb_records(path):
@@ -129,38 +213,65 @@ def test_wandb_offline_run_holds_training_and_evaluation_scalars_and_the_config(
             config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
         elif kind == "config":
             config.update({i.key: json.loads(i.value_json) for i in record.config.update})
-    losses = {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
-    assert {s: history[s]["loss"] for s in (1, 2)} == pytest.approx(losses)
-    assert history[0]["eval/n_problems"] == json.loads((run / "eval_before.json").read_text())["n_problems"]
-    assert history[2]["eval/n_problems"] == json.loads((run / "eval_after.json").read_text())["n_problems"]
-    assert config["algo"]["name"] == "dpo" and config["trainer"]["max_steps"] == 2
+    assert_holds(history, expected_scalars(run))
+    assert {k: v for k, v in config.items() if not k.startswith("_")} == saved_config(run)
+    # no usage telemetry either: W&B built no telemetry exporter (its background thread posts to W&B's server)
+    from wandb.analytics.opentelemetry import opentelemetry_proxy
+
+    assert getattr(opentelemetry_proxy, "_singleton_telemetry_proxy", None) is None
+    assert no_network == []
 
 
 @pytest.mark.slow
-def test_trackio_local_run_holds_training_and_evaluation_scalars_and_the_config(tmp_path, monkeypatch):
-    """trackio in local mode (its SQLite store, in a folder of the test's own: TRACKIO_DIR): the run's rows hold
-    the training loss of metrics.jsonl at steps 1 and 2 and eval/n_problems of eval_after.json at step 2, and its
-    config the resolved algo.name (dpo). Read back with trackio's own SQLiteStorage, not through prefzoo."""
-    pytest.importorskip("trackio", reason="trackio is an optional extra: pip install 'prefzoo[trackers]'")
+def test_trackio_local_run_holds_training_and_evaluation_scalars_and_the_config(tmp_path, monkeypatch, no_network):
+    """trackio in local mode (its SQLite store, in a folder of the test's own: TRACKIO_DIR; no network): the run's
+    rows hold, at their steps, every training scalar of metrics.jsonl, every number of eval_before.json at step 0
+    and of eval_after.json at step 2 as eval/<key>, and its config the run's whole config.yaml. Read back with
+    trackio's own SQLiteStorage, not through prefzoo; no name lookup or connection beyond the machine. Before
+    (trackers extra not installed): skipped."""
+    require("trackio")
     import sys
     from pathlib import Path
 
     store = tmp_path / "trackio"
     monkeypatch.setenv("TRACKIO_DIR", str(store))
     monkeypatch.setenv("TRACKIO_PROJECT", "prefzoo-test")
+    for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
+        monkeypatch.delenv(name, raising=False)
     import trackio.sqlite_storage as storage
 
     for mod in [m for name, m in sys.modules.items() if name.startswith("trackio") and hasattr(m, "TRACKIO_DIR")]:
         monkeypatch.setattr(mod, "TRACKIO_DIR", Path(store))  # read when trackio is first imported
     run = tmp_path / "run"
-    Trainer(compose(DPO + ["trainer.report_to=[trackio]"]), run).run()
+    train(DPO + ["trainer.report_to=[trackio]"], run)
     rows = storage.SQLiteStorage.get_logs("prefzoo-test", run.name)
     by_step = {}
     for row in rows:
         by_step.setdefault(row["step"], {}).update({k: v for k, v in row.items() if v is not None})
-    losses = {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
-    assert {s: by_step[s]["loss"] for s in (1, 2)} == pytest.approx(losses)
-    assert by_step[2]["eval/n_problems"] == json.loads((run / "eval_after.json").read_text())["n_problems"]
+    assert_holds(by_step, expected_scalars(run))
     config = storage.SQLiteStorage.get_run_config("prefzoo-test", run.name)
-    assert config["algo"]["name"] == "dpo"
+    assert {k: v for k, v in config.items() if not k.startswith("_")} == saved_config(run)
     assert storage.SQLiteStorage.get_project_db_path("prefzoo-test").is_relative_to(store)
+    assert no_network == []
+
+
+def test_offline_defaults_are_set_only_where_the_user_set_nothing():
+    """W&B's mode: unset -> prefzoo sets WANDB_MODE=offline; set by the user (online, disabled) -> left as it is."""
+    env: dict = {}
+    assert trackers.offline_defaults("wandb", env) == {"WANDB_MODE": "offline"} and env == {"WANDB_MODE": "offline"}
+    for mode in ("online", "disabled"):
+        env = {"WANDB_MODE": mode}
+        assert trackers.offline_defaults("wandb", env) == {} and env == {"WANDB_MODE": mode}
+    assert trackers.offline_defaults("trackio", env) == {}
+
+
+def test_the_test_environment_installs_the_trackers():
+    """pyproject.toml's ``test`` extra (what ``make test`` installs: ``pip install -e '.[test]'``) holds every package
+    of the ``trackers`` extra, so the trackio and W&B tests run instead of being skipped."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras["trackers"]) <= set(extras["test"])
+    assert '-e ".[test]"' in (root / "Makefile").read_text()
