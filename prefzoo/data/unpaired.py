@@ -67,9 +67,8 @@ def parse_label(value) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    kind = "null" if value is None else type(value).__name__
-    raise ValueError(f"column 'label' is {kind} {value!r}, not a boolean: give true (desirable) or false "
-                     "(undesirable)")
+    shown = "null" if value is None else repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
+    raise ValueError(f"column 'label' is {shown}, not a boolean: give true (desirable) or false (undesirable)")
 
 
 def normalise_unpaired_row(row: dict) -> tuple[object, str, bool]:
