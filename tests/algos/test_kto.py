@@ -252,3 +252,96 @@ def test_class_balance_warning(caplog, counts, weights, warns):
     assert any(f"{counts[0]} desirable, {counts[1]} undesirable" in r.getMessage() for r in caplog.records)
     if warns and counts == (10, 90):
         assert "algo.desirable_weight in [9, 12]" in warnings[0] and "\n" not in warnings[0]
+
+
+# ------------------------------------------------------------------------------------------ the command line
+
+def _train(base, name: str, args: list[str], env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_cli import ROOT
+
+    run_dir = base / name
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, run_dir
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory):
+    """Side by side: ``--cfg job``, 2 steps on an unpaired file (the fixture's pairs written as 80 unpaired rows) and
+    2 steps on the built-in arithmetic rows of ``model=tiny`` (in a cache of its own)."""
+    import json
+
+    from prefzoo.models.loading import TOKENIZER_CACHE_NAME, cache_dir
+    from tests.test_cli import FIXTURE, ROOT, TINY_RUN
+
+    base = tmp_path_factory.mktemp("kto_cli")
+    pairs = [json.loads(line) for line in (ROOT / FIXTURE).read_text().splitlines()]
+    unpaired = base / "unpaired.jsonl"
+    unpaired.write_text("".join(json.dumps({"prompt": p["prompt"], "completion": p[side], "label": side == "chosen"})
+                                + "\n" for p in pairs for side in ("chosen", "rejected")))
+    cache = base / "cache"
+    cache.mkdir()
+    (cache / TOKENIZER_CACHE_NAME).symlink_to(cache_dir() / TOKENIZER_CACHE_NAME)
+    file_run = [a if not a.startswith(("algo=", "data.path=")) else a.replace("dpo", "kto") for a in TINY_RUN
+                if not a.startswith("data.path=")] + [f"data.path={unpaired}", "trainer.save_every=0"]
+    builtin = ["model=tiny", "algo=kto", "data.pairs.num_prompts=8", "data.pairs.eval_prompts=4",
+               "data.pairs.max_new_tokens=8", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.progress=false",
+               "trainer.tensorboard=false", "trainer.device=cpu", "trainer.num_threads=1", "trainer.save_every=0",
+               "eval.num_problems=4", "eval.max_new_tokens=8", "eval.diversity_prompts=2", "eval.diversity_samples=2"]
+    procs = {"cfg_job": _train(base, "cfg_job", ["--cfg", "job", "algo=kto", "model=tiny"]),
+             "file": _train(base, "file", file_run),
+             "builtin": _train(base, "builtin", builtin, {"PREFZOO_CACHE": str(cache)})}
+    out = {}
+    for name, (proc, run_dir) in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        out[name] = (proc.returncode, stdout, stderr, run_dir)
+    return out
+
+
+def test_cfg_job_shows_kto_and_its_defaults(cli_runs):
+    rc, stdout, stderr, _ = cli_runs["cfg_job"]
+    assert rc == 0, stderr
+    assert "algo:\n  name: kto\n" in stdout and "\n  default_beta: 0.1\n" in stdout
+    assert "\n  desirable_weight: 1.0\n  undesirable_weight: 1.0\n" in stdout
+
+
+def _metrics(run_dir):
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # ~10 s of CPU: 2 steps and 2 evaluations of the tiny model
+def test_two_steps_on_an_unpaired_file_from_the_command_line(cli_runs):
+    """Step 1 starts at the reference (LoRA's B = 0): every log-ratio is 0, so kl = 0, every reward 0, loss
+    1 - sigma(0) = 0.5 exactly; the step moves the policy, so step 2's kl is no longer 0."""
+    rc, stdout, stderr, run_dir = cli_runs["file"]
+    assert rc == 0, stderr[-3000:]
+    first, second = _metrics(run_dir)
+    assert first["kl"] == 0.0 and first["loss"] == pytest.approx(0.5, abs=1e-6) and first["rewards/chosen"] == 0.0
+    assert first["count/desirable"] + first["count/undesirable"] == 2.0 and second["kl"] != 0.0
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    assert "76 unpaired training rows (38 desirable, 38 undesirable)" in stderr + stdout
+
+
+@pytest.mark.slow  # ~15 s of CPU: the tiny model samples 8 + 4 prompts x 6, 2 KTO steps, 2 evaluations
+def test_two_steps_on_the_built_in_rows_from_the_command_line(cli_runs):
+    """The random tiny model never answers right: its 48 samples are undesirable rows and the 8 known answers the
+    desirable ones (8 / 48 = 0.167 with weights 1: warned, with the range [6, 8] of desirable_weight that fits);
+    the held-out pairs give a preference accuracy."""
+    import json
+
+    rc, stdout, stderr, run_dir = cli_runs["builtin"]
+    assert rc == 0, stderr[-3000:]
+    log = stdout + stderr
+    assert "56 unpaired training rows (8 desirable, 48 undesirable)" in log
+    assert "outside the paper's recommended [1, 4/3]; e.g. algo.desirable_weight in [6, 8]" in log
+    assert [m["step"] for m in _metrics(run_dir)] == [1, 2]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["data_stats"]["rows"] == {"desirable": 8, "undesirable": 48}
+    assert "preference_accuracy" in summary["eval_after"] and summary["results"]["train_kl"] is None
