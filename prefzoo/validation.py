@@ -116,7 +116,7 @@ def check_batch_size(cfg, min_rows: int, processes: int = 1) -> None:
     if min_rows > 1 and cfg.trainer.batch_size < need:
         per = f" ({min_rows} per process x {processes} processes)" if processes > 1 else ""
         raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size}: algo={cfg.algo.name} needs at least {min_rows} "
-                          f"rows per process and step (it pairs each row with another row of the step); give "
+                          f"rows per process and step (it compares the rows of a step with each other); give "
                           f"trainer.batch_size >= {need}{per}.")
 
 
