@@ -106,7 +106,8 @@ class KTO(Algorithm):
         """Log the class counts; warn (one line) when lambda_D n_D / (lambda_U n_U) is outside [1, 4/3]."""
         n_d, n_u = int(stats.get("desirable", 0)), int(stats.get("undesirable", 0))
         ratio = weight_ratio(self.cfg, n_d, n_u)
-        log.info("KTO training rows: %d desirable, %d undesirable; lambda_D n_D / (lambda_U n_U) = %.3g", n_d, n_u, ratio)
+        log.info("KTO training rows: %d desirable, %d undesirable; lambda_D n_D / (lambda_U n_U) = %.3g", n_d, n_u,
+                 ratio)
         low, high = WEIGHT_RATIO_RANGE
         if not low <= ratio <= high:
             hint = (f"e.g. algo.desirable_weight in [{low * self.cfg.undesirable_weight * n_u / n_d:.3g}, "
@@ -116,7 +117,8 @@ class KTO(Algorithm):
                         "outside the paper's recommended [1, 4/3]; %s.", n_d, n_u, ratio, hint)
 
     @torch.no_grad()
-    def step_statistics(self, policy: Policy, batch: UnpairedBatch, micro_batch_size: int) -> dict[str, tuple[float, float]]:
+    def step_statistics(self, policy: Policy, batch: UnpairedBatch, micro_batch_size: int
+                        ) -> dict[str, tuple[float, float]]:
         """(sum, count) of log pi_theta(y'|x) - log pi_ref(y'|x) over the step's mismatched rows, as ``kl``."""
         if len(batch) == 0:
             return {"kl": (0.0, 0.0)}
@@ -140,8 +142,8 @@ class KTO(Algorithm):
 
     def loss(self, policy: Policy, batch: UnpairedBatch) -> LossOutput:
         if self.statistics is None or "kl" not in self.statistics:
-            raise PluginError("KTO's loss needs the step's z0: run it through prefzoo.training.step.accumulate_gradients "
-                              "(or optimisation_step), which makes the step_statistics pass first.")
+            raise PluginError("KTO's loss needs the step's z0: run it through prefzoo.training.step."
+                              "accumulate_gradients (or optimisation_step), which makes the step_statistics pass first.")
         kl = float(self.statistics["kl"])
         seq, ratio = self.log_ratios(policy, batch)
         desirable = batch.labels.to(torch.bool)

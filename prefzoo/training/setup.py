@@ -119,8 +119,9 @@ def unpaired_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | 
     holds the training rows' class counts."""
     d = cfg.data
     stats: dict = {}
-    prefs = lambda t, name: tokenize_preferences(t, tokenizer, d.max_length, d.max_prompt_length, d.on_bad_row, name)  # noqa
-    rows = lambda t, name: tokenize_unpaired(t, tokenizer, d.max_length, d.max_prompt_length, d.on_bad_row, name)  # noqa
+    limits = (d.max_length, d.max_prompt_length, d.on_bad_row)
+    prefs = lambda t, name: tokenize_preferences(t, tokenizer, *limits, name)  # noqa: E731
+    rows = lambda t, name: tokenize_unpaired(t, tokenizer, *limits, name)  # noqa: E731
     if d.name in BUILTIN_TASKS and not d.path:
         train_path, eval_path, stats = builtin_pairs(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device,
                                                      unpaired=True)
