@@ -15,8 +15,8 @@ The same sampled, graded completions also make the built-in UNPAIRED set (KTO's 
 ``train_unpaired.jsonl`` beside the pairs): every sample is a row ``{prompt, completion, label}``, desirable when
 the verifier scores it above 0 (for arithmetic: right) and it ended by itself (under ``require_finished``, as a
 chosen answer must), undesirable otherwise; with the known-answer fallback the known answers are desirable rows
-too. It is written whenever the pairs are built, and a cache made before it existed is built again when a run
-asks for it (the same seeds give the same pairs).
+too. It is written whenever the pairs are built; for a cache made before it existed, a run that asks for it samples
+the training prompts again (same seed) and writes it beside the cached pairs, which stay as they are.
 
 Run once with ``python -m prefzoo.cli pairs`` (same overrides as ``train.py``; :func:`prefzoo.cli.build_pairs`);
 ``train.py`` builds it on first use and caches it under ``$PREFZOO_CACHE/pairs``.
@@ -178,7 +178,8 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     """Paths of the cached train/eval pair files for this task and model, building them if absent.
 
     The unpaired rows of the training samples are written beside them (:func:`unpaired_path`); ``unpaired``:
-    the caller reads them, so a cache without them is built again.
+    the caller reads them, so a cache without them (built before they existed) gets them: the training prompts are
+    sampled again with the same seed, and only the unpaired file is written (the cached pairs are kept as they are).
 
     Args:
         cfg: the full config (``data``, ``data.pairs``, ``model.name``, ``reward`` are read).
@@ -195,15 +196,16 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
                      "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 4})
     folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
     train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
-    cached = _has_rows(train_path) and _has_rows(eval_path) and (not unpaired or _has_rows(unpaired_path(train_path)))
-    if cached:  # (an empty file, cached before this check, is rebuilt)
-        return train_path, eval_path, json.loads(stats_path.read_text()) if stats_path.is_file() else {}
+    have_pairs = _has_rows(train_path) and _has_rows(eval_path)  # (an empty file, cached before this check, is rebuilt)
+    cached_stats = json.loads(stats_path.read_text()) if have_pairs and stats_path.is_file() else {}
+    if have_pairs and (not unpaired or _has_rows(unpaired_path(train_path))):
+        return train_path, eval_path, cached_stats
     policy = build_policy()
     params = SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens)
     start = time.perf_counter()
     stats, built, graded = {}, {}, []
-    for name, prompts, n, path in (("train", train_prompts, p.num_prompts, train_path),
-                                   ("eval", eval_prompts, p.eval_prompts, eval_path)):
+    splits = [("train", train_prompts, p.num_prompts, train_path), ("eval", eval_prompts, p.eval_prompts, eval_path)]
+    for name, prompts, n, path in splits[:1] if have_pairs else splits:  # pairs cached: only the unpaired rows
         log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
                  p.num_samples)
         rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.num_samples, params,
@@ -219,8 +221,12 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
                         name, cfg.model.name, _accuracy(cfg, s), s["samples"], len(rows))
         built[path] = rows
         stats[name] = s
-    stats["train"]["desirable_samples"] = sum(bool(r["label"]) for r in graded)
     write_jsonl(unpaired_path(train_path), graded)  # first: cached pairs imply their unpaired rows
+    if have_pairs:
+        log.info("wrote the unpaired rows of the cached pairs' training samples (%d rows, %d desirable) in %.0f s",
+                 len(graded), sum(bool(r["label"]) for r in graded), time.perf_counter() - start)
+        return train_path, eval_path, cached_stats
+    stats["train"]["desirable_samples"] = sum(bool(r["label"]) for r in graded)
     for path, rows in built.items():  # only a complete set is cached
         write_jsonl(path, rows)
     stats["seconds"] = round(time.perf_counter() - start, 1)

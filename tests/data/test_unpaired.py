@@ -165,8 +165,9 @@ def test_a_model_that_never_answers_right_adds_the_known_answers_as_desirable_ro
 
 def test_the_cache_holds_the_unpaired_rows_and_an_older_cache_is_built_again_only_for_them(tmp_path):
     """Built once: train.jsonl, eval.jsonl and train_unpaired.jsonl (9 rows: 6 samples, 3 known answers). A cache
-    without the unpaired file (made before it existed) serves pairs as it is (the sampler is not called) and is
-    built again when the unpaired rows are asked for: the same pairs, and the rows."""
+    without the unpaired file (made before it existed) serves pairs as it is (the sampler is not called); asked for
+    the unpaired rows, it samples the 3 training prompts again (not the held-out ones: the sampler's script holds
+    3 prompts' samples only) and writes the rows, leaving the cached pairs untouched."""
     cfg = typed("model=tiny", "data.pairs.num_samples=2", "data.pairs.num_prompts=3", "data.pairs.eval_prompts=3")
 
     def build(sampler, unpaired):
@@ -183,5 +184,6 @@ def test_the_cache_holds_the_unpaired_rows_and_an_older_cache_is_built_again_onl
             raise AssertionError("the pairs were sampled again")
 
     assert build(NoSampling(), unpaired=False)[0] == train_path
-    build(never_right(), unpaired=True)
-    assert train_path.read_text() == pairs_before and len(unpaired_path(train_path).read_text().splitlines()) == 9
+    train_path.write_text(pairs_before.replace('"5"', '"five"'))  # (the cached pairs must stay as they are)
+    build(ScriptedSampler([[("12", True), ("I think 13", True)] for _ in range(3)]), unpaired=True)
+    assert train_path.read_text() == pairs_before.replace('"5"', '"five"') and len(unpaired_path(train_path).read_text().splitlines()) == 9
