@@ -96,9 +96,12 @@ def to_typed(cfg: DictConfig) -> Config:
     else:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
-    from prefzoo.validation import check_references, warn_idle
+    from prefzoo.validation import check_batch_size, check_references, warn_idle
 
     needs = declaration_of(typed)  # building the plugin runs its validate_settings on the resolved objective
+    from prefzoo.training.distributed import launched_world_size
+
+    check_batch_size(typed, needs.min_batch_size, launched_world_size())  # rows per process and step
     check_references(typed, needs.num_samples)  # early-stopping metric, adapter folder, reward functions
     from prefzoo.training.trackers import check_report_to
 
@@ -150,7 +153,8 @@ def check_data(typed) -> None:
     """The first pass over ``data.path`` (:func:`prefzoo.data.check.check_data_file`), before the loop is imported."""
     from prefzoo.data.check import check_data_file
 
-    check_data_file(typed, declaration_of(typed).online)
+    needs = declaration_of(typed)
+    check_data_file(typed, needs.online, needs.data)
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:

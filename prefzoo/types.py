@@ -37,7 +37,7 @@ from torch import Tensor
 
 from prefzoo.objective import last_token_index
 
-__all__ = ["Batch", "SequenceBatch", "PromptBatch", "PreferenceBatch", "Experience", "SamplingParams", "LossOutput",
+__all__ = ["Batch", "SequenceBatch", "PromptBatch", "PreferenceBatch", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
            "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN", "sequence_rewards"]
 
 
@@ -345,6 +345,20 @@ class PreferenceBatch(Batch):
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return PreferenceBatch(self.chosen.to(device), self.rejected.to(device), self.index.to(device),
                                mv(self.ref_chosen_logps), mv(self.ref_rejected_logps), mv(self.weights))
+
+
+@dataclass
+class UnpairedBatch(SequenceBatch):
+    """B unpaired rows: a prompt, a completion and a binary label each (KTO's data). B = rows, P = prompt length,
+    T = completion length (the :class:`SequenceBatch` fields).
+
+    Attributes:
+        labels: Shape (B,) bool, True where the completion is desirable, False where it is undesirable.
+        index: Shape (B,) long, the rows' numbers in the data set.
+    """
+
+    labels: Tensor | None = None
+    index: Tensor | None = None
 
 
 @dataclass(frozen=True)

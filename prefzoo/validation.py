@@ -7,6 +7,8 @@
   evaluation reports; ``model.adapter_path`` is a folder holding ``adapter_config.json``; every reward function
   (``reward.functions``, ``eval.gold_reward.functions``) imports, is callable and takes ``(prompts,
   completions, **columns)``. Importing a reward function runs its module: that is user code by design.
+* :func:`check_batch_size`: ``trainer.batch_size`` gives each process the rows per step the plugin declares it
+  needs (``Declaration.min_batch_size``: KTO's z0 pairs each row with another row's completion).
 * :func:`warn_idle`: legal values that make a run do nothing (``trainer.lr=0``) are warned about.
 """
 
@@ -23,7 +25,7 @@ from prefzoo.errors import ConfigError
 log = logging.getLogger("prefzoo.config")
 
 __all__ = ["non_finite_floats", "check_finite", "check_early_stopping_metric", "check_adapter_path",
-           "check_reward_functions", "check_references", "warn_idle"]
+           "check_reward_functions", "check_references", "check_batch_size", "warn_idle"]
 
 
 def non_finite_floats(node, key: str = "", optional: bool = False) -> Iterator[tuple[str, float, bool]]:
@@ -102,6 +104,20 @@ def check_references(cfg, group_size: int = 0) -> None:
     check_early_stopping_metric(cfg, group_size)
     check_adapter_path(cfg)
     check_reward_functions(cfg)
+
+
+def check_batch_size(cfg, min_rows: int, processes: int = 1) -> None:
+    """``trainer.batch_size`` must give each of ``processes`` processes at least ``min_rows`` rows per step.
+
+    Raises:
+        ConfigError: it does not (one line naming the key, the algorithm's need and the smallest valid value).
+    """
+    need = min_rows * max(1, processes)
+    if min_rows > 1 and cfg.trainer.batch_size < need:
+        per = f" ({min_rows} per process x {processes} processes)" if processes > 1 else ""
+        raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size}: algo={cfg.algo.name} needs at least {min_rows} "
+                          f"rows per process and step (it compares the rows of a step with each other); give "
+                          f"trainer.batch_size >= {need}{per}.")
 
 
 def warn_idle(cfg, trains: bool) -> None:

@@ -154,6 +154,8 @@ CONFIG_CASES = [
     (["algo.label_smoothing=0.5"], "[0, 0.5)"),
     (["algo=grpo", "algo.num_samples=1"], "at least 2"),
     (["reward.weights=[1.0,2.0]"], "one weight per function"),
+    (["algo=kto", "trainer.batch_size=1"], "trainer.batch_size=1: algo=kto needs at least 2 rows per process and step"),
+    (["algo=kto", "algo.desirable_weight=0"], "algo.desirable_weight=0.0 must be > 0"),
     # paths and reward functions, checked before anything loads
     (["model.adapter_path=/no/such/adapter"], "model.adapter_path='/no/such/adapter' does not exist"),
     (["model.adapter_path=/"], "model.adapter_path='/' holds no adapter_config.json"),
@@ -211,6 +213,20 @@ def parquet(rows):
 
 
 PROMPTS = [{"prompt": r["prompt"], "answer": r["answer"]} for r in ROWS]
+#: the fixture's pairs as unpaired rows: row 2i = pair i's chosen (label true), row 2i + 1 its rejected (false)
+UNPAIRED = [{"prompt": r["prompt"], "completion": r[side], "label": side == "chosen"} for r in ROWS
+            for side in ("chosen", "rejected")]
+
+
+def unpaired(row: int, **values) -> list[dict]:
+    rows = [dict(r) for r in UNPAIRED]
+    rows[row].update(values)
+    for key, value in values.items():
+        if value is KeyError:
+            del rows[row][key]
+    return rows
+
+
 PLAIN = [{"prompt": r["prompt"][0]["content"], "chosen": str(r["answer"]), "rejected": str(r["answer"] + 1)}
          for r in ROWS]
 
@@ -278,6 +294,22 @@ DATA_CASES = [
     ("prompts: 1 row", "q.jsonl", jsonl(PROMPTS[:1]), "grpo", [], "q.jsonl has 1 row: too few to hold out"),
     ("prompts: reward takes no columns", "q.jsonl", jsonl(PROMPTS), "grpo",
      ["reward.functions=[tests.rewards.helpers:no_columns]"], "cannot be called with this data's columns [answer]"),
+    ("kto: no label column", "u.jsonl", jsonl([{k: v for k, v in r.items() if k != "label"} for r in UNPAIRED]), "kto",
+     [], "u.jsonl, row 0 (line 1): missing column 'label' (unpaired rows need prompt, completion and label)"),
+    ("kto: row without label", "u.jsonl", jsonl(unpaired(20, label=KeyError)), "kto", [],
+     "u.jsonl, row 20 (line 21): no 'label' in this row"),
+    ("kto: int label", "u.jsonl", jsonl(unpaired(20, label=1)), "kto", [],
+     "u.jsonl, row 20 (line 21): column 'label' is '1', not a boolean: give true (desirable) or false"),
+    ("kto: null label", "u.jsonl", jsonl(unpaired(33, label=None)), "kto", [],
+     "row 33 (line 34): column 'label' is null, not a boolean"),
+    ("kto: empty completion", "u.jsonl", jsonl(unpaired(7, completion=[{"role": "assistant", "content": " "}])), "kto",
+     [], "u.jsonl, row 7 (line 8): completion is empty"),
+    ("kto: completion of another form", "u.jsonl", jsonl(unpaired(7, completion="118")), "kto", [],
+     "row 7 (line 8): completion is a string but row 0's is a list of messages"),
+    ("kto: csv label yes", "u.csv", b"prompt,completion,label\n" + b"Q,a,true\nR,b,false\n" * 10 + b"S,c,yes\n", "kto",
+     [], "u.csv, row 20 (line 22): column 'label' is 'yes', not a boolean"),
+    ("kto: pairs file with a bad pair", "p.jsonl", jsonl(changed(20, rejected=None)), "kto", [],
+     "row 20 (line 21): rejected is null"),
     ("prompts: reward needs a column", "q.jsonl", jsonl([{"prompt": r["prompt"]} for r in ROWS]), "grpo", [],
      "reward 'correctness'"),
 ]

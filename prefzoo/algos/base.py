@@ -17,6 +17,10 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
 ``validate_settings``          (static) checks of the plugin's own config against the resolved objective
 ``declare``                    the :class:`Declaration`
 ``loss``                       one micro-batch -> per-token or per-example losses + metrics (always)
+``step_statistics``            capability ``step_statistics``: sums over the rows of an optimizer step, made before
+                               the losses of its micro-batches; the loop adds them over processes and sets the
+                               means in ``statistics`` (KTO's reference point z0)
+``check_data``                 once, with the offline training data's statistics (class counts), before training
 ``loss_mask``                  the tokens ``loss`` returns values for (per-token losses)
 ``make_experience``            online plugins: prompts -> a scored :class:`~prefzoo.types.Experience`
 ``after_step``                 once per step, with the step's metrics (adapt beta); returns extra metrics
@@ -51,7 +55,10 @@ from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
 from prefzoo.types import (Batch, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
                            Scorer, ValueHeadSpec)
 
-CAPABILITIES = ("implicit_rewards", "precomputed_reference", "saves_artifacts")
+CAPABILITIES = ("implicit_rewards", "precomputed_reference", "saves_artifacts", "step_statistics")
+#: what an offline plugin trains on: preference pairs (:class:`~prefzoo.types.PreferenceBatch`) or unpaired labelled
+#: rows (:class:`~prefzoo.types.UnpairedBatch`)
+OFFLINE_DATA = ("pairs", "unpaired")
 
 
 @dataclass
@@ -100,6 +107,10 @@ class Declaration:
         precompute_reference: the loop computes the pairs' reference log-probs once before training and hands
             them in on the batches (needs the capability ``precomputed_reference``).
         progress_keys: metrics shown on the progress bar.
+        data: offline plugins: what the batches hold, one of :data:`OFFLINE_DATA` (``pairs``: preference pairs;
+            ``unpaired``: labelled rows, which the loop makes from unpaired data or by splitting pairs).
+        min_batch_size: the fewest rows each process must hold per optimizer step (``trainer.batch_size`` is
+            refused below it times the number of processes, before anything loads); 1 for most plugins.
     """
 
     reference: bool
@@ -115,6 +126,8 @@ class Declaration:
     capabilities: frozenset[str] = frozenset()
     precompute_reference: bool = False
     progress_keys: tuple[str, ...] = ("loss",)
+    data: str = "pairs"
+    min_batch_size: int = 1
 
     def __post_init__(self) -> None:
         from prefzoo.errors import PluginError
@@ -129,6 +142,10 @@ class Declaration:
             raise PluginError(f"declaration: unknown capabilities {sorted(unknown)}; valid: {', '.join(CAPABILITIES)}")
         if self.precompute_reference and "precomputed_reference" not in self.capabilities:
             raise PluginError("declaration: precompute_reference needs the capability 'precomputed_reference'")
+        if self.data not in OFFLINE_DATA:
+            raise PluginError(f"declaration: data={self.data!r}; choose one of {', '.join(OFFLINE_DATA)}")
+        if self.min_batch_size < 1:
+            raise PluginError(f"declaration: min_batch_size={self.min_batch_size} must be >= 1")
         if self.epochs < 1 or self.num_minibatches < 1:
             raise PluginError(f"declaration: epochs={self.epochs} and num_minibatches={self.num_minibatches} must be >= 1")
 
@@ -151,11 +168,15 @@ class Algorithm:
         all_reduce: set by the loop under data parallelism: a callable returning the element-wise SUM of a tensor
             over all processes (every process must call it, in the same order); None in one process. A plugin
             that computes batch statistics (advantage whitening, a batch-wide reward std) passes it on.
+        statistics: capability ``step_statistics``: ``{name: mean}`` of the current optimizer step's statistics,
+            over all its rows on all processes (:meth:`step_statistics`), set by the loop before the step's first
+            ``loss``; None before the first step.
     """
 
     name: ClassVar[str]
     config_class: ClassVar[type[AlgoConfig]] = AlgoConfig
     all_reduce: Callable[[Tensor], Tensor] | None = None
+    statistics: dict[str, float] | None = None
 
     def __init__(self, cfg: AlgoConfig, objective: ObjectiveSettings, sampling: SamplingParams | None = None):
         self.validate_settings(cfg, objective)
@@ -208,6 +229,10 @@ class Algorithm:
         """
         raise NotImplementedError(f"{self.name} is offline: it trains on a preference dataset")
 
+    def check_data(self, stats: dict[str, int]) -> None:
+        """Called once before training with the offline training data's statistics (for unpaired rows
+        ``{"desirable": n_D, "undesirable": n_U}``); may warn about them (KTO: the class balance). Default: nothing."""
+
     def after_step(self, metrics: dict[str, float], num_samples: int) -> dict[str, float]:
         """Called once per training step with the step's metrics (e.g. to adapt beta); returns extra metrics."""
         return {}
@@ -236,3 +261,16 @@ class Algorithm:
     def save_artifacts(self, run_dir: Path, policy: Policy) -> None:
         """Capability ``saves_artifacts``: write a model of the plugin's own into ``run_dir``."""
         raise NotImplementedError(f"{self.name} does not declare the capability 'saves_artifacts'")
+
+    def step_statistics(self, policy: Policy, batch: Batch, micro_batch_size: int) -> dict[str, tuple[float, float]]:
+        """Capability ``step_statistics``: statistics of an optimizer step's rows, before any of its losses.
+
+        ``batch`` is every row this process holds for the optimizer step (all its micro-batches; empty on a
+        process that holds none); ``micro_batch_size`` bounds the rows of one forward pass. Runs without
+        gradients. Returns ``{name: (sum, count)}`` -- the same names whatever the rows, an empty batch giving
+        (0, 0) -- which the loop adds over processes and divides once
+        (:func:`prefzoo.training.step.step_statistics`), setting ``self.statistics = {name: sum / count}``
+        (0.0 where the count is 0) before the step's first ``loss``: a statistic of the whole step, the same
+        whatever the micro-batch size or the number of processes.
+        """
+        raise NotImplementedError(f"{self.name} does not declare the capability 'step_statistics'")

@@ -4,7 +4,8 @@ the training loop and its model libraries are even imported, so that a bad file 
 It reads the file (:func:`prefzoo.data.files.read_file`, shared with the run's own data set-up, which reads it
 from the cache) and judges each row by the same rules as the tokenisers, in file order: an online algorithm's
 prompts (:func:`prefzoo.data.files.prompt_problem`), an offline algorithm's preference pairs
-(:func:`prefzoo.data.preference.normalise_row`). What needs the tokenizer (prompt lengths) is left to the run.
+(:func:`prefzoo.data.preference.normalise_row`) or, for a plugin that trains on unpaired rows, the unpaired rows of
+a file in that format (:func:`prefzoo.data.unpaired.normalise_unpaired_row`; a preference file is split into them). What needs the tokenizer (prompt lengths) is left to the run.
 Hugging Face datasets and dataset folders are left to the run too.
 """
 
@@ -15,15 +16,18 @@ import os
 from prefzoo.data.files import (FILE_TYPES, ORIGIN, bad_row_error, held_out_size, prompt_problem, read_file,
                                 row_label, row_problem)
 from prefzoo.data.preference import normalise_row
+from prefzoo.data.unpaired import is_unpaired, normalise_unpaired_row
 from prefzoo.errors import DataError
 
 
-def check_data_file(cfg, online: bool) -> None:
+def check_data_file(cfg, online: bool, data: str = "pairs") -> None:
     """Raise what the run's data set-up would raise for ``cfg.data.path`` before it tokenises.
 
     Raises:
         DataError: the file cannot be read, holds too few rows to hold some out, lacks the ``prompt`` column an
             online algorithm needs, has a bad row (``data.on_bad_row=error``) or no good one (``skip``).
+
+    ``data``: what an offline plugin trains on (its declaration's ``data``: ``pairs`` or ``unpaired``).
     """
     d = cfg.data
     if not d.path or os.path.splitext(d.path)[1].lower() not in FILE_TYPES:
@@ -36,6 +40,7 @@ def check_data_file(cfg, online: bool) -> None:
         raise DataError(f"{d.path} has no 'prompt' column (columns: {columns}). Online algorithms need a prompt per "
                         "row; rename the column or choose another data set.")
     others = [c for c in table.column_names if c not in ("prompt", ORIGIN)]
+    unpaired = not online and data == "unpaired" and is_unpaired(table.column_names)
     good = 0
     for index, row in enumerate(table):
         try:
@@ -43,6 +48,8 @@ def check_data_file(cfg, online: bool) -> None:
                 problem = row_problem(row, ["prompt", *others]) or prompt_problem(row["prompt"])
                 if problem is not None:
                     raise ValueError(problem)
+            elif unpaired:
+                normalise_unpaired_row(row)
             else:
                 normalise_row(row, index)
         except ValueError as err:
@@ -52,4 +59,4 @@ def check_data_file(cfg, online: bool) -> None:
         good += 1
     if not good:
         raise DataError(f"{d.path}: no usable rows ({table.num_rows} bad). Check the columns "
-                        f"{'prompt' if online else 'prompt/chosen/rejected'}.")
+                        f"{'prompt' if online else 'prompt/completion/label' if unpaired else 'prompt/chosen/rejected'}.")

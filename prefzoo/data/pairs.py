@@ -11,6 +11,13 @@ right), the pairs take the task's known answer (its ``answer`` column) as ``chos
 with a warning saying so; a task without known answers then stops with a message giving the sample accuracy and
 what to change. An empty set is never cached.
 
+The same sampled, graded completions also make the built-in UNPAIRED set (KTO's data,
+``train_unpaired.jsonl`` beside the pairs): every sample is a row ``{prompt, completion, label}``, desirable when
+the verifier scores it above 0 (for arithmetic: right) and it ended by itself (under ``require_finished``, as a
+chosen answer must), undesirable otherwise; with the known-answer fallback the known answers are desirable rows
+too. It is written whenever the pairs are built; for a cache made before it existed, a run that asks for it samples
+the training prompts again (same seed) and writes it beside the cached pairs, which stay as they are.
+
 Run once with ``python -m prefzoo.cli pairs`` (same overrides as ``train.py``; :func:`prefzoo.cli.build_pairs`);
 ``train.py`` builds it on first use and caches it under ``$PREFZOO_CACHE/pairs``.
 """
@@ -54,7 +61,7 @@ def select_pair(scores: list[float], ended: list[bool], rng: random.Random) -> t
 @torch.no_grad()
 def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: SamplingParams, batch_size: int,
                      seed: int, progress: bool = True, require_finished: bool = True,
-                     known_answer: bool = False) -> tuple[list[dict], dict]:
+                     known_answer: bool = False, graded: list[dict] | None = None) -> tuple[list[dict], dict]:
     """Sample k completions per prompt and turn disagreeing groups into preference rows.
 
     Args:
@@ -66,6 +73,9 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         known_answer: when no prompt gives a pair and the prompts have an ``answer`` column, pair each prompt's
             known answer (chosen) with a worst-scored sample of it (:func:`known_answer_pairs`); ``stats`` then
             counts them as ``known_answer_pairs``. A model that finds pairs of its own is not affected.
+        graded: a list to which every graded sample is appended as an unpaired row ``{prompt, completion, label,
+            reward, <columns>}`` (label: reward > 0 and, under ``require_finished``, ended by itself), followed
+            by the known answers of the fallback's pairs as desirable rows; None: not kept.
 
     Returns:
         (rows, stats): rows ``{prompt, chosen, rejected, chosen_reward, rejected_reward, <columns>}``;
@@ -90,6 +100,8 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         ended = (~samples.truncated).tolist() if require_finished else [True] * len(texts)
         for j, i in enumerate(idx):
             group = list(range(j * k, (j + 1) * k))
+            if graded is not None:
+                graded += [unpaired_row(prompts, i, texts[g], scores[g] > 0 and ended[g], scores[g]) for g in group]
             low = min(scores[g] for g in group)
             worst.append(texts[next(g for g in group if scores[g] == low)])
             pick = select_pair([scores[g] for g in group], [ended[g] for g in group], rng)
@@ -107,7 +119,19 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
     if not rows and known_answer and "answer" in prompts.columns:
         rows = known_answer_pairs(prompts, worst, reward_fn)
         stats.update(pairs=len(rows), known_answer_pairs=len(rows))
+        if graded is not None:
+            graded += [{**{k: v for k, v in r.items() if k not in ("chosen", "rejected", "chosen_reward",
+                                                                     "rejected_reward")},
+                         "completion": r["chosen"], "label": True, "reward": r["chosen_reward"]} for r in rows]
     return rows, stats
+
+
+def unpaired_row(prompts: PromptSet, i: int, text: str, label: bool, reward: float) -> dict:
+    """One sampled completion of prompt ``i`` as an unpaired row (the standard conversational form)."""
+    row = {"prompt": prompts.raw[i] if prompts.raw is not None else prompts.texts[i],
+           "completion": [{"role": "assistant", "content": text}], "label": bool(label), "reward": reward}
+    row.update({col: v[i] for col, v in prompts.columns.items() if col not in ("prompt", "prompt_text")})
+    return row
 
 
 def known_answer_pairs(prompts: PromptSet, rejected: list[str], reward_fn) -> list[dict]:
@@ -144,9 +168,18 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     tmp.rename(path)
 
 
+def unpaired_path(train_path: Path) -> Path:
+    """The built-in unpaired rows (every graded training sample) beside the cached training pairs."""
+    return train_path.with_name("train_unpaired.jsonl")
+
+
 def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: PromptSet, eval_prompts: PromptSet,
-                        cache_root: Path, progress: bool = True) -> tuple[Path, Path, dict]:
+                        cache_root: Path, progress: bool = True, unpaired: bool = False) -> tuple[Path, Path, dict]:
     """Paths of the cached train/eval pair files for this task and model, building them if absent.
+
+    The unpaired rows of the training samples are written beside them (:func:`unpaired_path`); ``unpaired``:
+    the caller reads them, so a cache without them (built before they existed) gets them: the training prompts are
+    sampled again with the same seed, and only the unpaired file is written (the cached pairs are kept as they are).
 
     Args:
         cfg: the full config (``data``, ``data.pairs``, ``model.name``, ``reward`` are read).
@@ -163,19 +196,22 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
                      "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 4})
     folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
     train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
-    if _has_rows(train_path) and _has_rows(eval_path):  # (an empty file, cached before this check, is rebuilt)
-        return train_path, eval_path, json.loads(stats_path.read_text()) if stats_path.is_file() else {}
+    have_pairs = _has_rows(train_path) and _has_rows(eval_path)  # (an empty file, cached before this check, is rebuilt)
+    cached_stats = json.loads(stats_path.read_text()) if have_pairs and stats_path.is_file() else {}
+    if have_pairs and (not unpaired or _has_rows(unpaired_path(train_path))):
+        return train_path, eval_path, cached_stats
     policy = build_policy()
     params = SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens)
     start = time.perf_counter()
-    stats, built = {}, {}
-    for name, prompts, n, path in (("train", train_prompts, p.num_prompts, train_path),
-                                   ("eval", eval_prompts, p.eval_prompts, eval_path)):
+    stats, built, graded = {}, {}, []
+    splits = [("train", train_prompts, p.num_prompts, train_path), ("eval", eval_prompts, p.eval_prompts, eval_path)]
+    for name, prompts, n, path in splits[:1] if have_pairs else splits:  # pairs cached: only the unpaired rows
         log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
                  p.num_samples)
         rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.num_samples, params,
                                    p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress,
-                                   require_finished=p.require_finished, known_answer=True)
+                                   require_finished=p.require_finished, known_answer=True,
+                                   graded=graded if name == "train" else None)
         if not rows:
             raise DataError(no_pairs_message(cfg, name, s))
         if s.get("known_answer_pairs"):
@@ -185,6 +221,12 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
                         name, cfg.model.name, _accuracy(cfg, s), s["samples"], len(rows))
         built[path] = rows
         stats[name] = s
+    write_jsonl(unpaired_path(train_path), graded)  # first: cached pairs imply their unpaired rows
+    if have_pairs:
+        log.info("wrote the unpaired rows of the cached pairs' training samples (%d rows, %d desirable) in %.0f s",
+                 len(graded), sum(bool(r["label"]) for r in graded), time.perf_counter() - start)
+        return train_path, eval_path, cached_stats
+    stats["train"]["desirable_samples"] = sum(bool(r["label"]) for r in graded)
     for path, rows in built.items():  # only a complete set is cached
         write_jsonl(path, rows)
     stats["seconds"] = round(time.perf_counter() - start, 1)

@@ -1,7 +1,7 @@
 """Objective conformance: does each algorithm plugin reach pi* = pi_ref exp(r/beta) / Z ?
 
 Run ``python -m prefzoo.lab.conformance`` (a few minutes on 2 CPU cores). Every registered plugin that the
-table knows (GRPO, PPO, RLOO, REINFORCE++, GSPO, CISPO, Online DPO, DPO, SimPO, best-of-n) is trained,
+table knows (GRPO, PPO, RLOO, REINFORCE++, GSPO, CISPO, Online DPO, DPO, SimPO, ORPO, SFT, KTO, best-of-n) is trained,
 unchanged, on the tabular test bed of :mod:`prefzoo.lab.tabular` until it stops moving, with several seeds;
 the learned policy is compared with pi* (total variation and KL(pi || pi*), per prompt and on average,
 with the Monte-Carlo error over seeds) and with the fixed point that theory predicts for that case.
@@ -41,7 +41,8 @@ from torch import Tensor
 
 from prefzoo.algos import REGISTRY, get_algorithm
 from prefzoo.lab.oracles import (argmax_policy, best_of_n_policy, chosen_distribution, grpo_group_std_target,
-                                 in_reward_fixed_point, pair_loss_population_optimum, simpo_population_optimum)
+                                 in_reward_fixed_point, kto_population_optimum, pair_loss_population_optimum,
+                                 simpo_population_optimum)
 from prefzoo.lab.runner import build_algorithm, sample_best_of_n, train_replicas
 from prefzoo.lab.tabular import TabularBandit, kl_divergence, preference_pairs, total_variation
 from prefzoo.objective import optimal_policy, regularised_optimum
@@ -149,6 +150,9 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              lambda b: simpo_population_optimum(b, beta, 0.5 * beta), **offline),
     ]
     cases += offline_loss_cases(beta)
+    cases.append(Case("KTO (pairs as unpaired rows)", "kto", {}, {},
+                      "infimum of its population loss: net-rejected responses -> 0, z0 = 0 (numeric)",
+                      lambda b: kto_population_optimum(b, beta), claim="report", **offline))
     for n in (2, 4, 16):
         cases.append(Case(f"best-of-{n}", None, theory=f"analytic best-of-{n} of pi_ref",
                           target=lambda b, n=n: best_of_n_policy(b, n), bon_n=n))
@@ -528,6 +532,15 @@ KL is smaller even when all rewards differ (prompts 0, 1, 3), and much smaller w
   point is claimed. bco_pair's running reward shift has no closed-form target (reported).
 - **SFT** on chosen completions lands on the distribution of the chosen response; **ORPO** with λ = 0.1 stays
   near it, λ = 1 moves away from it toward the preferred responses; both ignore π_ref.
+- **KTO** trains on the pairs split into shuffled unpaired rows (chosen desirable, rejected undesirable). Its
+  population loss has no interior minimiser: a row's loss is λ_D (1 − σ(β(ρ − z0))) or λ_U σ(β(ρ − z0)), so every
+  response rejected more often than chosen (weighted) lowers the loss as its probability goes to 0, and z0 (the
+  mismatched log-ratios' mean) then falls below 0 and is clamped at 0 (149 of 150 steps in a 2-seed check). The target
+  is that infimum (net-rejected responses at 0, the others maximising Σ d·σ(β log π/π_ref)); the runs head there and
+  land near it, far from π*. Not asserted as a fixed point (the pushed-down responses' gradients fade like
+  (π/π_ref)^β, so a longer run gets closer). With z0 = 0 and λ_D = λ_U = 1 a pair's two rows add up to APO-zero's
+  loss 1 − σ(βρ_w) + σ(βρ_l): the KTO row repeats the apo_zero row (to 4 digits here), whose target is the same
+  infimum.
 """
 
 

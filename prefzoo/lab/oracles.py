@@ -42,6 +42,16 @@ KL(pi || pi_ref) gives (``prefzoo/objective/kl.py``; Liu et al. 2025, arXiv:2510
   (:func:`pair_loss_population_optimum`). SFT on the chosen completions has one: the distribution of the
   chosen response, P(y_w = y) = sum_y' P(pair {y, y'}) sigmoid(r(y) - r(y')) (:func:`chosen_distribution`);
   ORPO with a small lambda lands near it.
+* KTO on the pairs split into unpaired rows (chosen desirable, rejected undesirable): per prompt the desirable
+  completions follow c(y) = P(y_w = y) and the undesirable ones u(y) = P(y_l = y), one of each per pair. With
+  s = sigma(beta (rho - z0)) a row's loss is lambda_D (1 - s) if desirable and lambda_U s if undesirable (since
+  1 - sigma(-x) = sigma(x)), so the population loss per prompt is sum_y [lambda_D c(y) - d(y) s(y)], d = lambda_D c -
+  lambda_U u. A response with d(y) < 0 (rejected more often than chosen, weighted) lowers the loss as rho -> -inf:
+  its probability goes to 0, and no interior minimiser exists. At that infimum z0 = max(0, E_{x, y'}[rho(x, y')])
+  = 0 (the mismatched y' cover the responses whose rho is -inf), and the others maximise
+  sum_{d > 0} d(y) sigma(beta log(pi(y)/pi_ref(y))) -- concave in pi for beta <= 1, so one maximiser
+  (:func:`kto_population_optimum`). A run only heads there: the pushed-down responses' gradients fade like
+  (pi/pi_ref)^beta.
 * Best-of-n: the distribution of the best of n samples of pi_ref (ties split in proportion to pi_ref),
   :func:`best_of_n_policy`; the "learned" policy is the empirical distribution of best-of-n draws made
   with the tabular policy's own sampler and the table scorer. Its KL to pi_ref is at most
@@ -60,7 +70,7 @@ from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
 
 __all__ = ["argmax_policy", "in_reward_generator", "in_reward_fixed_point", "grpo_group_std_target",
            "best_of_n_policy", "simpo_population_optimum", "pair_weights", "chosen_distribution",
-           "pair_loss_population_optimum"]
+           "pair_loss_population_optimum", "kto_population_optimum"]
 
 
 def argmax_policy(bandit: TabularBandit) -> Tensor:
@@ -231,3 +241,39 @@ def pair_loss_population_optimum(bandit: TabularBandit,
 
     opt.step(closure)
     return torch.softmax(theta.detach(), -1)
+
+
+def kto_population_optimum(bandit: TabularBandit, beta: float, desirable_weight: float = 1.0,
+                           undesirable_weight: float = 1.0, steps: int = 300) -> Tensor:
+    """The infimum of KTO's population loss on this bed's pairs split into unpaired rows, Shape (P, K) float64.
+
+    From the loss written per response (module docstring): d(y) = lambda_D c(y) - lambda_U u(y), with c and u the
+    distributions of the chosen and the rejected response (:func:`pair_weights`); responses with d <= 0 get
+    probability 0 (z0 is then 0), the others maximise sum_y d(y) sigma(beta log(pi(y) / pi_ref(y))) over the
+    simplex, by L-BFGS in float64 on their logits (a concave problem for beta <= 1). An independent computation:
+    exact expectations, the paper's formula, not the plugin's code.
+
+    Raises:
+        ValueError: beta is not in (0, 1] (the maximisation is then not concave: no unique target).
+    """
+    if not 0 < beta <= 1:
+        raise ValueError(f"kto_population_optimum needs 0 < beta <= 1 (got {beta}): the target is unique only there")
+    ref = bandit.ref_probs
+    w, p_win = pair_weights(bandit)
+    chosen, rejected = 2 * (w * p_win).sum(-1), 2 * (w * (1 - p_win)).sum(-1)
+    d = desirable_weight * chosen - undesirable_weight * rejected
+    keep = d > 0
+    theta = torch.where(keep, torch.log(ref), torch.zeros_like(ref)).clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=steps, tolerance_grad=1e-12, tolerance_change=1e-15,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        logp = torch.log_softmax(theta.masked_fill(~keep, float("-inf")), -1)
+        rho = torch.where(keep, logp - torch.log(ref), torch.zeros_like(ref))
+        value = -(torch.where(keep, d * torch.sigmoid(beta * rho), torch.zeros_like(ref))).sum()
+        value.backward()
+        return value
+
+    opt.step(closure)
+    return torch.softmax(theta.detach().masked_fill(~keep, float("-inf")), -1)

@@ -7,7 +7,8 @@ the toy bandit (:mod:`prefzoo.lab.toy`) — so a plugin is set up, fed and train
 * :func:`train_replicas` — ``replicas`` stacked copies of the bandit (:meth:`TabularBandit.tile`), one
   vectorised run of the bed's driver (:func:`prefzoo.lab.tabular.train`, the Trainer's own optimisation step):
   online plugins sample from the policy, offline ones train full-batch on Bradley-Terry pairs of pi_ref with
-  their reference log-probs computed once (:func:`with_reference_logps`);
+  their reference log-probs computed once (:func:`with_reference_logps`), or on those pairs split into shuffled
+  unpaired rows for a plugin that declares ``data="unpaired"`` (KTO);
 * :func:`sample_best_of_n` — best-of-n, which trains nothing: the empirical distribution of best-of-n draws.
 """
 
@@ -21,7 +22,7 @@ from torch import Tensor
 from prefzoo.algos import get_algorithm
 from prefzoo.algos.base import Algorithm
 from prefzoo.lab.tabular import (BED_SAMPLING, PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy,
-                                 TrainSettings, preference_pairs, prompt_batch, train)
+                                 TrainSettings, preference_pairs, prompt_batch, train, unpaired_rows)
 from prefzoo.types import ObjectiveSettings, SamplingParams
 
 __all__ = ["build_algorithm", "train_replicas", "with_reference_logps", "sample_best_of_n"]
@@ -43,7 +44,8 @@ def train_replicas(algo: Algorithm, bandit: TabularBandit, replicas: int, seed: 
     (:class:`~prefzoo.lab.tabular.TrainSettings`). Online plugins get, each step, every prompt of every
     replica repeated so that it receives ``samples_per_prompt`` responses (in groups of the plugin's group
     size); offline plugins train full-batch on ``pairs`` (pairs of ``bandit.tile(replicas)``; default:
-    ``pairs_per_prompt`` fresh pairs per prompt from pi_ref, seeded with ``seed + 1``).
+    ``pairs_per_prompt`` fresh pairs per prompt from pi_ref, seeded with ``seed + 1``; an unpaired plugin gets them
+    as shuffled rows, :func:`~prefzoo.lab.tabular.unpaired_rows`).
     """
     tiled = bandit.tile(replicas)
     d = algo.declaration
@@ -56,7 +58,11 @@ def train_replicas(algo: Algorithm, bandit: TabularBandit, replicas: int, seed: 
     else:
         if pairs is None:
             pairs = preference_pairs(tiled, pairs_per_prompt, torch.Generator().manual_seed(seed + 1))
-        train(algo, policy, PairSource(with_reference_logps(algo, policy, pairs)), settings)
+        if d.data == "unpaired":  # the pairs' rows, shuffled (seed + 2)
+            data = unpaired_rows(pairs, torch.Generator().manual_seed(seed + 2))
+        else:
+            data = with_reference_logps(algo, policy, pairs)
+        train(algo, policy, PairSource(data), settings)
     return policy
 
 

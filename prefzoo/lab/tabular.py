@@ -22,7 +22,8 @@ What is here:
 * :class:`PromptSource` — the prompts of each online step.
 * :func:`preference_pairs` / :class:`PairSource` — preference pairs sampled from pi_ref and labelled by a
   Bradley-Terry model of the reward, as :class:`~prefzoo.data.preference.PreferenceBatch` objects (what
-  DPO and SimPO read from the real data pipeline).
+  DPO and SimPO read from the real data pipeline); :func:`unpaired_rows` splits them into shuffled unpaired rows
+  (KTO's :class:`~prefzoo.types.UnpairedBatch`).
 * :func:`train` — a small driver that runs any registered plugin (dpo, simpo, grpo, ppo, rm) on the bed,
   step by step as :class:`prefzoo.training.loop.Trainer` does (make_experience for online plugins; the
   Trainer's own optimisation step, :func:`prefzoo.training.step.optimisation_step`: ``algo.epochs`` passes of
@@ -44,12 +45,12 @@ from torch import Tensor, nn
 from prefzoo.algos.base import Algorithm
 
 from prefzoo.errors import PrefzooError
-from prefzoo.types import Batch, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import Batch, PromptBatch, SamplingParams, SequenceBatch, UnpairedBatch
 from prefzoo.objective import categorical_kl, token_entropy
 from prefzoo.training.step import mean_metrics, optimisation_step
 
 __all__ = ["TabularError", "TabularBandit", "TabularPolicy", "TableScorer", "PromptSource", "PairSource",
-           "preference_pairs", "TrainSettings", "train", "total_variation", "kl_divergence"]
+           "preference_pairs", "unpaired_rows", "TrainSettings", "train", "total_variation", "kl_divergence"]
 
 
 class TabularError(PrefzooError, ValueError):
@@ -370,6 +371,23 @@ def preference_pairs(bandit: TabularBandit, pairs_per_prompt: int, generator: to
         rejected=SequenceBatch(prompt_ids.clone(), ones.clone(), rejected, ones.clone()),
         index=torch.arange(p * n),
     )
+
+
+def unpaired_rows(pairs, generator: torch.Generator) -> UnpairedBatch:
+    """Each pair as two unpaired rows -- chosen desirable, rejected undesirable, as the real pipeline splits pairs
+    (:func:`prefzoo.data.unpaired.split_pairs`) -- in a random order (``generator``), so that neighbouring rows are
+    independent draws, as in the real loop's shuffled batches (KTO pairs each row with the next row's completion).
+
+    Shape: B pairs -> 2B rows; ``index`` = the row's place before shuffling (2i: pair i's chosen, 2i + 1: its rejected).
+    """
+    b = len(pairs)
+    stack = lambda x, y: torch.stack([x, y], dim=1).reshape(2 * b, *x.shape[1:])  # noqa: E731 (row 2i, 2i + 1)
+    order = torch.randperm(2 * b, generator=generator)
+    c, r = pairs.chosen, pairs.rejected
+    rows = UnpairedBatch(stack(c.prompt_ids, r.prompt_ids), stack(c.prompt_mask, r.prompt_mask),
+                         stack(c.completion_ids, r.completion_ids), stack(c.completion_mask, r.completion_mask),
+                         labels=torch.arange(2 * b) % 2 == 0, index=torch.arange(2 * b))
+    return rows.select(order)
 
 
 @dataclass

@@ -24,6 +24,7 @@ Map (one idea per module):
     pairwise.py     pairwise links on a pair's scores: Bradley-Terry sigmoid (cDPO smoothing), IPO, hinge,
                     rDPO, EXO, NCA, SPPO, APO, BCO, DiscoPOP, AOT, the chosen NLL
     odds.py         the log odds of a completion and ORPO's log odds ratio, stable near P = 1
+    prospect.py     KTO's Kahneman-Tversky value of an unpaired, labelled completion (loss lambda_y - v)
     best_of_n.py    best-of-n: which sample it keeps, its analytic KL log n - (n-1)/n
     reduce.py       the one loss reduction (sequence/token mean, constant, example mean) with a
                     global normaliser, exact under gradient accumulation and data parallelism
@@ -75,6 +76,7 @@ from .linear_logps import linear_token_logps
 from .optimum import log_partition, optimal_policy, optimal_value, regularised_objective
 from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
 from .odds import log_odds, log_odds_ratio
+from .prospect import kto_loss
 from .pairwise import PAIRWISE_LOSSES, PairScores, bradley_terry_loss, pairwise_loss
 from .surrogate import clipped_surrogate_loss, clipped_value_loss, explained_variance, ratio_statistics
 from .importance import clipped_is_weight, gspo_token_log_ratio, sequence_log_ratio, weighted_policy_gradient_loss
@@ -144,6 +146,8 @@ __all__ = [
     # odds (ORPO)
     "log_odds",
     "log_odds_ratio",
+    # prospect (KTO)
+    "kto_loss",
     # best-of-n
     "best_of_n_kl",
     "best_of_n_indices",

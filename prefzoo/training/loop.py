@@ -57,7 +57,7 @@ from prefzoo.algos import algorithm_class
 from prefzoo.algos.base import Algorithm, Declaration
 from prefzoo.types import ROLLOUT_SEED_COLUMN, Batch, SamplingParams
 from prefzoo.config import Config, resolve_defaults, resolve_objective
-from prefzoo.data.preference import collate_preferences
+from prefzoo.data.preference import collate_examples, collate_preferences
 from prefzoo.errors import CheckpointError
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.models.loading import load_tokenizer
@@ -75,7 +75,7 @@ from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisati
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns,
                                     correctness_function,
-                                    heldout_pair_prompts, pick_device, preference_data, task_prompts)
+                                    heldout_pair_prompts, offline_data, pick_device, task_prompts)
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,9 @@ class Trainer:
         self.data_stats: dict = {}
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
             if not self.needs.online:
-                self.prefs, self.data_stats = preference_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
-                                                              self.eval_prompts, self.device)
+                self.prefs, self.data_stats = offline_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
+                                                           self.eval_prompts, self.device, self.needs.data)
+                self.algo.check_data(self.data_stats.get("rows", {}))  # (unpaired rows: KTO's class balance)
             built = build_policy(cfg, self.needs, self.tokenizer, self.device)
         self.policy, self.model, self.load_seconds = built.policy, built.model, built.load_seconds
         if self.dp.rank > 0:  # the model is built alike everywhere; from here on (dropout) each process draws its own
@@ -203,7 +204,7 @@ class Trainer:
             prompts.columns[ROLLOUT_SEED_COLUMN] = rollout_seeds(self.cfg.trainer.seed, self.step, range(start, stop))
             return self.algo.make_experience(self.policy, prompts, self.scorer)
         examples = [self.prefs.train[i] for i in idx]
-        return collate_preferences(examples, idx, self.policy.pad_id, self.ref_cache).to(self.device), {}
+        return collate_examples(examples, idx, self.policy.pad_id, self.ref_cache).to(self.device), {}
 
     @torch.no_grad()
     def precompute_reference(self) -> dict[int, tuple[float, float]]:
@@ -398,7 +399,7 @@ class Trainer:
             self.step += 1
             self.train_seconds += last.get("time/step", 0.0)
             stop, eval_kl = self.periodic_evaluation(last) if self.evaluation_due() else (False, None)
-            kl = last.get("kl", eval_kl)  # this step's rollouts, else a held-out evaluation at this step
+            kl = last.get("kl", eval_kl) if self.needs.online else eval_kl  # this step's rollouts, else held out
             if kl is not None:
                 self.kl_spent = float(kl)
             if budget is not None and self.kl_spent is not None:
@@ -471,7 +472,7 @@ def results_block(after: dict | None, last: dict, trainer, stop_reason: str, sec
         "kl": a.get("kl_k1"), "kl_se": a.get("kl_k1_se"), "kl_k3": a.get("kl_k3"), "kl_method": a.get("kl_method"),
         "entropy": a.get("entropy"), "distinct_1": a.get("distinct_1"), "distinct_2": a.get("distinct_2"),
         "completion_length": a.get("completion_length"),
-        "train_reward": last.get("reward"), "train_kl": last.get("kl"),
+        "train_reward": last.get("reward"), "train_kl": last.get("kl") if trainer.needs.online else None,
         "kl_spent": trainer.kl_spent, "steps": trainer.step, "stop_reason": stop_reason,
         "wall_seconds": round(seconds, 1), "train_seconds": round(trainer.train_seconds, 1),
         "eval_seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),

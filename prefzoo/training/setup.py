@@ -17,8 +17,9 @@ import torch
 from prefzoo.algos.base import Declaration
 from prefzoo.config import Config
 from prefzoo.data.files import split_held_out
-from prefzoo.data.pairs import build_or_load_pairs
+from prefzoo.data.pairs import build_or_load_pairs, unpaired_path
 from prefzoo.data.preference import PreferenceData, load_table, tokenize_preferences
+from prefzoo.data.unpaired import UnpairedData, class_counts, is_unpaired, pairs_of, split_pairs, tokenize_unpaired
 from prefzoo.data.prompts import PromptSet, tokenize_prompts
 from prefzoo.data.tasks import get_task
 from prefzoo.errors import ConfigError
@@ -74,26 +75,76 @@ def preference_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet 
     d = cfg.data
     stats: dict = {}
     if d.name in BUILTIN_TASKS and not d.path:
-        def reference_policy():
-            gen = torch.Generator(device=device).manual_seed(d.seed)
-            model = build_base_model(cfg, tokenizer, device)
-            return CausalLMPolicy(model.eval(), tokenizer, generator=gen)
-
-        train_path, eval_path, stats = build_or_load_pairs(cfg, tokenizer, reference_policy, reward_fn, train_prompts,
-                                                           eval_prompts, cache_dir(), progress=cfg.trainer.progress)
+        train_path, eval_path, stats = builtin_pairs(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device)
         train_table, eval_table = load_table(str(train_path)), load_table(str(eval_path))
     else:
-        if not d.path:
-            raise ConfigError(f"data={d.name}: give data.path=<preference file or dataset name>.")
-        train_table = load_table(d.path, d.split)
-        if d.eval_split:
-            eval_table = load_table(d.path, d.eval_split)
-        else:
-            train_table, eval_table = split_held_out(train_table, d.eval_fraction, d.seed, d.path)
+        train_table, eval_table = data_file_tables(cfg)
     tok = lambda t, name: tokenize_preferences(t, tokenizer, d.max_length, d.max_prompt_length, d.on_bad_row, name)  # noqa
     data = PreferenceData(tok(train_table, d.path or f"{d.name} pairs"), tok(eval_table, f"{d.path or d.name} held-out pairs"))
     warn_if_smaller_than_batch(len(data.train), cfg.trainer.batch_size, f"{d.path or d.name}: the training pairs")
     return data, stats
+
+
+def builtin_pairs(cfg: Config, tokenizer, reward_fn, train_prompts, eval_prompts, device: torch.device,
+                  unpaired: bool = False):
+    """(train path, eval path, stats) of the task's built-in pairs, built from the reference model once
+    (:func:`prefzoo.data.pairs.build_or_load_pairs`; ``unpaired``: with their unpaired rows beside them)."""
+    d = cfg.data
+
+    def reference_policy():
+        gen = torch.Generator(device=device).manual_seed(d.seed)
+        model = build_base_model(cfg, tokenizer, device)
+        return CausalLMPolicy(model.eval(), tokenizer, generator=gen)
+
+    return build_or_load_pairs(cfg, tokenizer, reference_policy, reward_fn, train_prompts, eval_prompts, cache_dir(),
+                               progress=cfg.trainer.progress, unpaired=unpaired)
+
+
+def data_file_tables(cfg: Config):
+    """(train, held-out) tables of ``data.path``: its ``data.eval_split``, or ``data.eval_fraction`` held out."""
+    d = cfg.data
+    if not d.path:
+        raise ConfigError(f"data={d.name}: give data.path=<preference file or dataset name>.")
+    table = load_table(d.path, d.split)
+    if d.eval_split:
+        return table, load_table(d.path, d.eval_split)
+    return split_held_out(table, d.eval_fraction, d.seed, d.path)
+
+
+def unpaired_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | None, eval_prompts: PromptSet | None,
+                  device: torch.device) -> tuple[UnpairedData, dict]:
+    """Tokenised unpaired training rows and held-out pairs (:mod:`prefzoo.data.unpaired`): a file in the unpaired
+    format (its held-out pairs: each prompt's first desirable row against its first undesirable one), a preference
+    file split into rows, or the built-in task's graded samples (held out: its built-in pairs). ``stats["rows"]``
+    holds the training rows' class counts."""
+    d = cfg.data
+    stats: dict = {}
+    limits = (d.max_length, d.max_prompt_length, d.on_bad_row)
+    prefs = lambda t, name: tokenize_preferences(t, tokenizer, *limits, name)  # noqa: E731
+    rows = lambda t, name: tokenize_unpaired(t, tokenizer, *limits, name)  # noqa: E731
+    if d.name in BUILTIN_TASKS and not d.path:
+        train_path, eval_path, stats = builtin_pairs(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device,
+                                                     unpaired=True)
+        data = UnpairedData(rows(load_table(str(unpaired_path(train_path))), f"{d.name} unpaired samples"),
+                            prefs(load_table(str(eval_path)), f"{d.name} held-out pairs"))
+    else:
+        train_table, eval_table = data_file_tables(cfg)
+        if is_unpaired(train_table.column_names):
+            data = UnpairedData(rows(train_table, d.path), pairs_of(rows(eval_table, f"{d.path} (held out)")))
+        else:
+            data = UnpairedData(split_pairs(prefs(train_table, d.path)), prefs(eval_table, f"{d.path} held-out pairs"))
+    stats = {**stats, "rows": class_counts(data.train)}
+    log.info("%s: %d unpaired training rows (%d desirable, %d undesirable), %d held-out pairs", d.path or d.name,
+             len(data.train), stats["rows"]["desirable"], stats["rows"]["undesirable"], len(data.eval))
+    warn_if_smaller_than_batch(len(data.train), cfg.trainer.batch_size, f"{d.path or d.name}: the training rows")
+    return data, stats
+
+
+def offline_data(cfg: Config, tokenizer, reward_fn, train_prompts, eval_prompts, device: torch.device,
+                 kind: str = "pairs"):
+    """What an offline plugin trains on (its declared ``data``): :func:`preference_data` or :func:`unpaired_data`."""
+    fn = unpaired_data if kind == "unpaired" else preference_data
+    return fn(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device)
 
 
 def warn_if_smaller_than_batch(rows: int, batch_size: int, what: str) -> None:
@@ -237,4 +288,5 @@ def correctness_function(cfg: Config, prompts: PromptSet | None):
     return correctness
 
 
-__all__ = ["Path", "build_policy", "build_reward", "task_prompts", "preference_data", "pick_device", "load_tokenizer"]
+__all__ = ["Path", "build_policy", "build_reward", "task_prompts", "preference_data", "unpaired_data", "offline_data",
+           "pick_device", "load_tokenizer"]

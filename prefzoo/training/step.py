@@ -7,7 +7,9 @@
   mini-batch orders come from, and in the optimizer they pass.
 * :func:`accumulate_gradients` — the whole contract between the training loop and an algorithm plugin: it
   splits a (mini-)batch into micro-batches, asks the plugin for per-token or per-example losses, reduces them
-  with the one global normaliser (:func:`prefzoo.objective.aggregate_loss`) and backpropagates.
+  with the one global normaliser (:func:`prefzoo.objective.aggregate_loss`) and backpropagates. A plugin with
+  the capability ``step_statistics`` first gets the statistics of the whole optimizer step
+  (:func:`step_statistics`: over all its micro-batches and processes), as the normaliser does.
 
 They live in their own small module (it imports only torch, numpy, the plugin base, the objective layer and
 :mod:`prefzoo.training.sharding`) so that light drivers — the tabular conformance test bed and the toy bandit
@@ -31,7 +33,7 @@ from prefzoo.types import Batch
 from prefzoo.objective import aggregate_loss
 from prefzoo.training.sharding import minibatch_rows
 
-__all__ = ["optimisation_step", "accumulate_gradients", "mean_metrics", "add_pairs"]
+__all__ = ["optimisation_step", "accumulate_gradients", "step_statistics", "mean_metrics", "add_pairs"]
 
 
 def mean_metrics(pairs: Mapping[str, Sequence[float]]) -> dict[str, float]:
@@ -108,6 +110,25 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
     return totals
 
 
+@torch.no_grad()
+def step_statistics(algo: Algorithm, policy, batch: Batch, micro_batch_size: int, all_reduce=None) -> dict[str, float]:
+    """The means of a plugin's statistics over one optimizer step (capability ``step_statistics``).
+
+    ``algo.step_statistics(policy, batch, micro_batch_size)`` gives ``{name: (sum, count)}`` over this process's
+    rows of the step; the sums and counts are added over processes (``all_reduce``, in sorted name order, so every
+    process must return the same names) and divided once: ``{name: sum / count}`` (0.0 where the count is 0).
+    The mean of the whole step -- all micro-batches, all processes -- before any of its losses.
+    """
+    pairs = algo.step_statistics(policy, batch, micro_batch_size)
+    names = sorted(pairs)
+    if not names:
+        return {}
+    totals = torch.tensor([[float(pairs[k][0]), float(pairs[k][1])] for k in names], dtype=torch.float64)
+    if all_reduce is not None:
+        totals = all_reduce(totals)
+    return {k: (float(totals[i, 0] / totals[i, 1]) if float(totals[i, 1]) else 0.0) for i, k in enumerate(names)}
+
+
 def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size: int, all_reduce=None,
                          loss_scale: float = 1.0, no_sync: Callable[[], ContextManager] | None = None,
                          placeholder: Batch | None = None) -> dict[str, float]:
@@ -129,6 +150,8 @@ def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size
         :func:`mean_metrics` divides.
     """
     aggregation = algo.declaration.aggregation
+    if algo.declaration.has("step_statistics"):  # before the losses: a statistic of the whole optimizer step
+        algo.statistics = step_statistics(algo, policy, batch, micro_batch_size, all_reduce)
     micros = batch.chunks(micro_batch_size)
     normaliser = torch.tensor(float(sum(algo.normaliser(m) for m in micros)))
     if all_reduce is not None:

@@ -97,3 +97,38 @@ def test_pair_loss_optimum_of_the_dpo_loss_is_pi_star_and_of_simpos_is_the_simpo
     torch.testing.assert_close(dpo, optimal_policy(BANDIT.ref_probs, BANDIT.rewards, BETA), rtol=0, atol=1e-6)
     simpo = pair_loss_population_optimum(BANDIT, lambda lw, ll, rw, rl: F.softplus(-(BETA * (lw - ll) - 0.25)))
     torch.testing.assert_close(simpo, simpo_population_optimum(BANDIT, BETA, 0.25), rtol=0, atol=1e-6)
+
+
+def test_kto_infimum_drops_the_net_rejected_responses_and_is_stationary_on_the_others():
+    """kto_population_optimum: a response with d = lambda_D c - lambda_U u <= 0 (c, u: the chosen and rejected
+    distributions, by brute-force enumeration of the pairs here) has probability 0; on the others the Lagrange
+    condition of max sum d sigma(beta log(pi/pi_ref)) holds: d beta s (1 - s) / pi is one constant per prompt.
+    Its population loss (z0 = 0) is below that of pi_ref and of pi*."""
+    from prefzoo.lab.oracles import kto_population_optimum
+    from prefzoo.objective import optimal_policy
+
+    ref, r = BANDIT.ref_probs, BANDIT.rewards
+    k = ref.shape[1]
+    c, u = torch.zeros_like(ref), torch.zeros_like(ref)
+    for p in range(BANDIT.num_prompts):
+        norm = sum(float(ref[p, a] * ref[p, b]) for a in range(k) for b in range(k) if a != b)
+        for a, b in itertools.permutations(range(k), 2):
+            pw = float(ref[p, a] * ref[p, b]) / norm
+            win = 1 / (1 + math.exp(-(float(r[p, a]) - float(r[p, b]))))
+            c[p, a] += pw * win
+            u[p, a] += pw * (1 - win)
+    d = c - u
+    target = kto_population_optimum(BANDIT, BETA)
+    assert bool((target[d <= 0] == 0).all()) and bool((target[d > 0] > 0).all())
+    for p in range(BANDIT.num_prompts):
+        keep = d[p] > 0
+        s = torch.sigmoid(BETA * torch.log(target[p, keep] / ref[p, keep]))
+        g = d[p, keep] * BETA * s * (1 - s) / target[p, keep]
+        torch.testing.assert_close(g, torch.full_like(g, float(g.mean())), rtol=1e-5, atol=0)  # L-BFGS: 1.4e-6
+
+    def loss(pi):
+        s = torch.sigmoid(BETA * torch.log(pi / ref))
+        return float((c * (1 - s) + u * s).sum())
+
+    eps = torch.where(target > 0, target, torch.full_like(target, 1e-300))
+    assert loss(eps) < loss(ref) and loss(eps) < loss(optimal_policy(ref, r, BETA))

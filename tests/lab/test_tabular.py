@@ -247,3 +247,22 @@ def test_tiled_replicas_are_independent_runs():
     start = float(kl_divergence(bandit.ref_probs, star).sum())
     for s in range(2):
         assert float(kl_divergence(probs[s], star).sum()) < start
+
+
+def test_unpaired_rows_split_each_pair_and_shuffle_the_rows():
+    """3 pairs -> 6 rows: pair i's chosen as a desirable row (index 2i) and its rejected as an undesirable one
+    (2i + 1), each with the pair's prompt, in the order of a permutation of the generator."""
+    from prefzoo.lab.tabular import unpaired_rows
+    from prefzoo.types import PreferenceBatch, SequenceBatch
+
+    ones = torch.ones(3, 1, dtype=torch.bool)
+    prompts = torch.tensor([[0], [1], [2]])
+    pairs = PreferenceBatch(SequenceBatch(prompts, ones, torch.tensor([[3], [4], [5]]), ones),
+                            SequenceBatch(prompts, ones, torch.tensor([[0], [1], [2]]), ones), index=torch.arange(3))
+    rows = unpaired_rows(pairs, torch.Generator().manual_seed(0))
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(0))
+    assert rows.index.tolist() == order.tolist()
+    for k, i in enumerate(order.tolist()):
+        pair, chosen = i // 2, i % 2 == 0
+        assert bool(rows.labels[k]) == chosen and int(rows.prompt_ids[k, 0]) == pair
+        assert int(rows.completion_ids[k, 0]) == (pair + 3 if chosen else pair)
