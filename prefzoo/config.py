@@ -84,7 +84,7 @@ class PairsConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "arithmetic"  # arithmetic | sentiment | file
+    name: str = "arithmetic"  # arithmetic | sentiment | reasoning_gym | file
     path: Optional[str] = None  # a local JSONL/JSON/Parquet/CSV file or a Hugging Face dataset name
     split: str = "train"
     eval_split: Optional[str] = None  # None: hold out eval_fraction of the file
@@ -98,6 +98,13 @@ class DataConfig:
     digits: int = 2
     ops: list[str] = field(default_factory=lambda: ["+"])
     word_problems: bool = False
+    # data=reasoning_gym (prefzoo.data.reasoning_gym, docs/data.md): a task name or a list of them to mix; the
+    # task's create_dataset arguments (or a dict keyed by task name); one weight per task; the system prompt
+    task: Any = None
+    task_config: Any = field(default_factory=dict)
+    task_weights: Optional[list[float]] = None
+    answer_format: str = "tags"  # tags (<answer>...</answer>) | number (the reply's last number)
+    system_prompt: Optional[str] = None  # null: the answer format's own; a reasoning_gym SYSTEM_PROMPTS name; text
     pairs: PairsConfig = field(default_factory=PairsConfig)
 
 

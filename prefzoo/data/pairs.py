@@ -134,11 +134,17 @@ def unpaired_row(prompts: PromptSet, i: int, text: str, label: bool, reward: flo
     return row
 
 
+#: optional prompt column: the known answer written as a completion in the task's answer format (data=reasoning_gym:
+#: ``<answer>...</answer>``); the known-answer pairs take it as ``chosen`` instead of the bare ``answer``
+ANSWER_COMPLETION = "answer_completion"
+
+
 def known_answer_pairs(prompts: PromptSet, rejected: list[str], reward_fn) -> list[dict]:
     """Preference rows with the task's known answer as ``chosen`` against ``rejected[i]``, a sampled answer of
     prompt i, kept where the verifier scores the known answer strictly higher (the fallback of a reference model
-    that never answers right, e.g. the random ``model=tiny``)."""
-    answers = [str(a) for a in prompts.columns["answer"]]
+    that never answers right, e.g. the random ``model=tiny``). The known answer is the prompt's
+    :data:`ANSWER_COMPLETION` column where it has one, else its ``answer``."""
+    answers = [str(a) for a in prompts.columns.get(ANSWER_COMPLETION, prompts.columns["answer"])]
     cols = {c: v for c, v in prompts.columns.items() if c not in ("prompt", "prompt_text")}
     both = {c: v + v for c, v in cols.items()}
     scores = [float(x) for x in reward_fn(prompts.texts + prompts.texts, answers + rejected, **both)]
@@ -190,8 +196,13 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     pairs_key = dict(vars(p) if not hasattr(p, "_content") else p)
     if pairs_key.get("require_finished", True):  # the default leaves the key (and the caches built before it) as it was
         pairs_key.pop("require_finished", None)
-    key = cache_key({"task": {k: getattr(cfg.data, k) for k in ("name", "seed", "num_train", "num_eval", "digits",
-                                                                  "ops", "word_problems", "max_prompt_length")},
+    task = {k: getattr(cfg.data, k) for k in ("name", "seed", "num_train", "num_eval", "digits", "ops", "word_problems",
+                                              "max_prompt_length")}
+    if cfg.data.name == "reasoning_gym":  # (only then: the keys of the other tasks' caches stay as they were)
+        from prefzoo.data.reasoning_gym import cache_key_parts
+
+        task.update(cache_key_parts(cfg.data))
+    key = cache_key({"task": task,
                      "pairs": pairs_key, "model": cfg.model.name,
                      "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 4})
     folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"

@@ -1,9 +1,10 @@
 """Reward functions: ``fn(prompts, completions, **columns) -> list[float]``, one float per completion.
 
 Built-in: ``"correctness"`` and ``"format"`` (arithmetic, :mod:`prefzoo.rewards.arithmetic`),
-``"sentiment"`` (VADER, :mod:`prefzoo.rewards.sentiment`). :func:`make_reward` combines names,
-import paths ``"package.module:function"`` and callables into one checked, weighted
-:class:`CombinedReward` (:mod:`prefzoo.rewards.registry`).
+``"sentiment"`` (VADER, :mod:`prefzoo.rewards.sentiment`), ``"reasoning_gym"`` (the reasoning-gym
+task's own verifier, :mod:`prefzoo.rewards.reasoning_gym`). :func:`make_reward` combines names, import
+paths ``"package.module:function"`` and callables into one checked, weighted :class:`CombinedReward`
+(:mod:`prefzoo.rewards.registry`).
 """
 
 from prefzoo.rewards.arithmetic import correctness, extract_final_number, format_reward

@@ -26,6 +26,7 @@ from typing import Any
 
 from prefzoo.errors import ConfigError, DataError, RewardError
 from prefzoo.rewards.arithmetic import correctness, format_reward
+from prefzoo.rewards.reasoning_gym import reasoning_gym, reasoning_gym_accuracy
 from prefzoo.rewards.sentiment import sentiment
 
 __all__ = ["RewardFn", "BUILTIN_REWARDS", "resolve_reward", "reward_name", "check_reward_signature", "CombinedReward",
@@ -38,6 +39,8 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "correctness": correctness,
     "format": format_reward,
     "sentiment": sentiment,
+    "reasoning_gym": reasoning_gym,
+    "reasoning_gym_accuracy": reasoning_gym_accuracy,
 }
 
 _PREVIEW_CHARS = 80
@@ -83,7 +86,7 @@ def resolve_reward(spec: str | RewardFn) -> RewardFn:
     """The reward function named by ``spec``.
 
     Args:
-        spec: a built-in name (``"correctness"``, ``"format"``, ``"sentiment"``), an import path
+        spec: a built-in name (``"correctness"``, ``"format"``, ``"sentiment"``, ``"reasoning_gym"``), an import path
             ``"package.module:function"`` (the attribute may be dotted, ``"mod:Class.method"``), or a
             callable (returned as is).
 

@@ -31,7 +31,7 @@ from prefzoo.rewards import make_reward
 
 log = logging.getLogger(__name__)
 
-BUILTIN_TASKS = ("arithmetic", "sentiment")
+BUILTIN_TASKS = ("arithmetic", "sentiment", "reasoning_gym")
 
 
 def pick_device(name: str) -> torch.device:
@@ -53,7 +53,7 @@ def task_prompts(cfg: Config, tokenizer) -> tuple[PromptSet, PromptSet]:
         kwargs = {"num_train": d.num_train, "num_eval": d.num_eval, "seed": d.seed}
         if d.name == "arithmetic":
             kwargs.update(digits=d.digits, ops=tuple(d.ops), word_problems=d.word_problems)
-        task = get_task(d.name, **kwargs)
+        task = reasoning_gym_task(cfg) if d.name == "reasoning_gym" else get_task(d.name, **kwargs)
         train = tokenize_prompts(task.to_dataset("train"), tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.name} task")
         held = tokenize_prompts(task.to_dataset("eval"), tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.name} eval")
         return train, held
@@ -67,6 +67,14 @@ def task_prompts(cfg: Config, tokenizer) -> tuple[PromptSet, PromptSet]:
     train = tokenize_prompts(table, tokenizer, d.max_prompt_length, d.on_bad_row, d.path)
     warn_if_smaller_than_batch(len(train), cfg.trainer.batch_size, f"{d.path}: the training prompts")
     return train, tokenize_prompts(held_table, tokenizer, d.max_prompt_length, d.on_bad_row, f"{d.path} (held out)")
+
+
+def reasoning_gym_task(cfg: Config):
+    """``data=reasoning_gym``'s task (:mod:`prefzoo.data.reasoning_gym`), after checking the reward scores it."""
+    from prefzoo.data.reasoning_gym import check_reward_choice, reasoning_gym_task as build
+
+    check_reward_choice(cfg.data.name, cfg.reward.name)
+    return build(cfg.data)
 
 
 def preference_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | None, eval_prompts: PromptSet | None,
@@ -280,9 +288,14 @@ def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
 
 
 def correctness_function(cfg: Config, prompts: PromptSet | None):
-    """Exact-match function when the prompts carry an ``answer`` column, else None."""
+    """Exact-match function when the prompts carry an ``answer`` column, else None (reasoning-gym tasks: their
+    verifier's score of 1, :func:`~prefzoo.rewards.reasoning_gym.reasoning_gym_accuracy`)."""
     if prompts is None or "answer" not in prompts.columns:
         return None
+    from prefzoo.rewards.reasoning_gym import has_columns, reasoning_gym_accuracy
+
+    if has_columns(prompts.columns):
+        return reasoning_gym_accuracy
     from prefzoo.rewards.arithmetic import correctness
 
     return correctness

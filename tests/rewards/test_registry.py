@@ -32,7 +32,11 @@ def test_builtin_names():
     assert resolve_reward("correctness") is correctness
     assert resolve_reward("format") is format_reward
     assert resolve_reward("sentiment") is sentiment
-    assert set(BUILTIN_REWARDS) == {"correctness", "format", "sentiment"}
+    from prefzoo.rewards.reasoning_gym import reasoning_gym, reasoning_gym_accuracy
+
+    assert resolve_reward("reasoning_gym") is reasoning_gym
+    assert resolve_reward("reasoning_gym_accuracy") is reasoning_gym_accuracy
+    assert set(BUILTIN_REWARDS) == {"correctness", "format", "sentiment", "reasoning_gym", "reasoning_gym_accuracy"}
 
 
 def test_callable_passes_through():
