@@ -73,7 +73,7 @@ from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns,
-                                    correctness_function,
+                                    correctness_function, evaluation_reward,
                                     heldout_pair_prompts, pick_device, preference_data, task_prompts)
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, self.optimizer_steps))
         self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.needs.reward else None
-        self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer), self.reward_fn,
-                                   self.eval_prompts, cfg.eval,
+        self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer),
+                                   evaluation_reward(cfg, self.reward_fn, self.eval_prompts), self.eval_prompts, cfg.eval,
                                    correctness_fn=correctness_function(cfg, self.eval_prompts),
                                    preference_examples=self.prefs.eval if self.prefs else None,
                                    implicit_rewards=(self.algo.implicit_rewards if self.needs.has("implicit_rewards")
