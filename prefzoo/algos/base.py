@@ -79,6 +79,28 @@ class AlgoConfig:
 
 
 @dataclass(frozen=True)
+class MetricWarning:
+    """A warning the loop prints while a run goes wrong in a way the plugin knows how to read: the step metric
+    ``metric`` at or above ``threshold`` for ``steps`` consecutive training steps (or for every step of a shorter
+    run). One line, once per such streak (:mod:`prefzoo.training.watch`): ``<metric> = <value> for N steps in a row
+    (steps a-b; <show>): <message>``.
+
+    Attributes:
+        metric: a key of the step's metrics (e.g. ``frac_zero_std_groups``).
+        threshold: the value from which on the step counts (``metric >= threshold``).
+        steps: consecutive steps before the warning.
+        message: what it means and what to change (config keys with their values), one line.
+        show: other step metrics quoted in the line (e.g. the mean ``reward``: all 0 or all 1 says which way).
+    """
+
+    metric: str
+    threshold: float
+    steps: int
+    message: str
+    show: tuple[str, ...] = ("reward",)
+
+
+@dataclass(frozen=True)
 class Declaration:
     """What a plugin needs from the loop and what it offers, stated once (see the module docstring).
 
@@ -100,6 +122,7 @@ class Declaration:
         precompute_reference: the loop computes the pairs' reference log-probs once before training and hands
             them in on the batches (needs the capability ``precomputed_reference``).
         progress_keys: metrics shown on the progress bar.
+        warnings: :class:`MetricWarning` s the loop watches the step metrics for (e.g. no learning signal).
     """
 
     reference: bool
@@ -115,6 +138,7 @@ class Declaration:
     capabilities: frozenset[str] = frozenset()
     precompute_reference: bool = False
     progress_keys: tuple[str, ...] = ("loss",)
+    warnings: tuple[MetricWarning, ...] = ()
 
     def __post_init__(self) -> None:
         from prefzoo.errors import PluginError

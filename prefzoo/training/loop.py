@@ -70,6 +70,7 @@ from prefzoo.training.resume import continue_schedule, run_config
 from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
 from prefzoo.training.sampler import IndexSampler
 from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
+from prefzoo.training.watch import MetricWatch
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns,
@@ -164,6 +165,7 @@ class Trainer:
             self.train_module = self.dp.wrap(TrainableModules(self.model, self.policy.value_model))
             self.policy.train_forward = self.train_module
         self.max_steps = t.max_steps if self.needs.trains else 0  # best-of-n: no training steps
+        self.watch = MetricWatch(self.needs.warnings, self.max_steps)  # the plugin's warnings (no learning signal)
         rows = t.batch_size * max(1, self.needs.num_samples)
         if self.needs.num_minibatches > rows:
             from prefzoo.errors import ConfigError
@@ -395,6 +397,8 @@ class Trainer:
         while self.step < self.max_steps:
             last = self.train_step()
             self.step += 1
+            for line in self.watch.update(self.step, last) if main else ():
+                log.warning(line)
             self.train_seconds += last.get("time/step", 0.0)
             stop, eval_kl = self.periodic_evaluation(last) if self.evaluation_due() else (False, None)
             kl = last.get("kl", eval_kl)  # this step's rollouts, else a held-out evaluation at this step
