@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from prefzoo.report.sweep_dirs import job_dirname
+from prefzoo.report.sweep_dirs import job_dirname, swept_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
@@ -38,6 +39,20 @@ def test_a_long_dirname_is_cut_at_an_item():
     overrides = [f"trainer.key_number_{i:02d}=value" for i in range(10)]  # 10 items of 27 characters
     name = job_dirname(overrides, [])
     assert name == ",".join(overrides[:3]) + ",and_7_more" and len(name) <= 100
+
+
+def test_a_sweep_names_its_jobs_by_what_it_sweeps(tmp_path):
+    """The sweep folder's multirun.yaml (written by Hydra's sweeper before the jobs start) holds the command line's
+    sweep overrides and the recipe's hydra.sweeper.params: the job's name keeps those keys only."""
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {
+        "overrides": {"task": ["model=tiny", "algo=dpo,simpo", "data.path=/a/x.jsonl", "trainer.seed=range(0,3)"]},
+        "sweeper": {"params": {"objective.beta": "0.1,1.0"}}}}))
+    swept = swept_keys(tmp_path / "multirun.yaml")
+    assert swept == {"algo", "trainer.seed", "objective.beta"}
+    job = ["model=tiny", "algo=simpo", "data.path=/a/x.jsonl", "trainer.seed=2", "objective.beta=1.0"]
+    assert job_dirname(job, [], swept=swept) == "algo=simpo,objective.beta=1.0,trainer.seed=2"
+    assert swept_keys(tmp_path / "missing.yaml") == set()  # another sweeper: every override names the job
+    assert job_dirname(job, [], swept=set()).startswith("algo=simpo,data.path=x.jsonl,model=tiny,")
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +82,8 @@ def test_each_run_is_one_folder_of_the_sweep(sweep):
     folders = sorted(p.parent for p in sweep.rglob("summary.json"))
     assert len(folders) == 4 and all(f.parent == sweep for f in folders), folders
     names = [f.name for f in folders]
-    assert names[0].startswith("0-algo=dpo,data.path=x.jsonl,data=file,eval.") and names[0].endswith("_more"), names
-    assert names[1].startswith("1-algo=simpo,data.path=x.jsonl,") and names[2].startswith("2-algo=dpo,data.path=y.jsonl,")
+    assert names == ["0-algo=dpo,data.path=x.jsonl", "1-algo=simpo,data.path=x.jsonl", "2-algo=dpo,data.path=y.jsonl",
+                     "3-algo=simpo,data.path=y.jsonl"]  # the swept overrides only (multirun.yaml says which)
 
 
 def test_the_sweep_says_nothing_about_the_default_reward(sweep):
