@@ -74,7 +74,7 @@ def write_report(root: Path, out: Path | None = None) -> dict:
     if p:
         plots.append(p)
     text = f"# prefzoo report: {root}\n\n{len(runs)} runs; swept: {', '.join(keys) or 'nothing'}.\n\n{table}\n"
-    text += legend(runs) + "\n"
+    text += legend(runs, keys=keys) + "\n"
     fits = []
     points = overoptimisation_points(runs)
     if points["bon"] or points["rl"]:

@@ -32,6 +32,14 @@ AXIS_LABELS = {
 }
 
 
+def algo_styles(runs: list[dict]) -> dict[str, dict]:
+    """One colour, marker and size per algorithm of ``runs`` (sorted by name: the same in every plot of a report);
+    the sizes shrink along the list, so a point drawn over another of the same value leaves a ring of it visible."""
+    algos = sorted({str(r["summary"].get("algo")) for r in runs})
+    return {a: {"color": f"C{i}", "marker": "osD^v<>p"[i % 8], "ms": max(4.0, 10.0 - 1.5 * i)}
+            for i, a in enumerate(algos)}
+
+
 def _plt():
     import matplotlib
 
@@ -74,9 +82,10 @@ def _frontier_reward(runs: list[dict]) -> str:
     return "sample_reward" if any(metric(r, "sample_reward") is not None for r in runs) else "task_reward"
 
 
-def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = ()) -> list[str]:
-    """Each run's swept values (``key=value, ...``, without the keys in ``skip``), as short as they stay distinct: a
-    path shows its file name when the file names differ; the folder name when nothing else was swept."""
+def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = (), named: bool = False) -> list[str]:
+    """Each run's swept values (``key=value, ...`` with the key's last part, without the keys in ``skip``; one
+    swept key shows its bare value unless ``named``), as short as they stay distinct: a path shows its file name
+    when the file names differ; the folder name when nothing else was swept."""
     keys = [k for k in keys if k not in skip]
     shown = {}
     for k in keys:
@@ -85,7 +94,7 @@ def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = ()) ->
         shown[k] = short if len(set(short)) == len(set(full)) else full
     if not keys:
         return [r["dir"].name for r in runs]
-    if len(keys) == 1:
+    if len(keys) == 1 and not named:
         return [shown[keys[0]][i] for i in range(len(runs))]
     return [", ".join(f"{k.rsplit('.', 1)[-1]}={shown[k][i]}" for k in keys) for i in range(len(runs))]
 
@@ -95,7 +104,9 @@ def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | 
     with its other swept values; the reference policy (the runs' evaluations before training, best-of-1) at d = 0."""
     name = _frontier_reward(runs)
     series, reference = defaultdict(list), []
-    labels = dict(zip((id(r) for r in runs), run_labels(runs, list(keys), skip=("algo",))))
+    others = [k for k in keys if k != "algo"]
+    labels = dict(zip((id(r) for r in runs), run_labels(runs, others, named=True) if others else
+                      [str(r["summary"].get("algo")) for r in runs]))
     for run in runs:
         kl, reward = metric(run, "kl_k1"), metric(run, name)
         if is_number(kl) and is_number(reward):
@@ -107,12 +118,14 @@ def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | 
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    if reference:  # one star, under the runs' points: every run of a sweep starts from the same policy
+        ax.plot([sum(p[0] for p in reference) / len(reference)], [sum(p[1] for p in reference) / len(reference)],
+                "*", color="0.6", ms=14, zorder=1, label="before training (π_ref)")
+    style = algo_styles(runs)
     for algo, points in sorted(series.items()):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-" if algo != "bon" else "s--", label=algo)
-    if reference:  # one star: every run of a sweep starts from the same policy (the mean if seeds differ)
-        ax.plot([sum(p[0] for p in reference) / len(reference)], [sum(p[1] for p in reference) / len(reference)],
-                "k*", ms=10, label="before training (π_ref)")
+        ax.plot([p[0] for p in points], [p[1] for p in points], ls="--" if algo == "bon" else "-", zorder=2,
+                label=algo, **style[algo])
     ax.set_xlabel(D_LABEL)
     ax.set_ylabel(("mean reward of temperature-1 samples" if name == "sample_reward" else "reward of greedy answers")
                   + "\n(run's reward, held-out prompts)")
@@ -120,8 +133,14 @@ def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | 
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     pts = [p for points in series.values() for p in points]
-    if any(p[2] for p in pts) and len(pts) <= 30 and any(k != "algo" for k in keys):
+    coincide = len({(round(p[0], 3), round(p[1], 3)) for p in pts}) < len(pts)  # points hidden under others
+    labelled = len(pts) <= 30 and (bool(others) or coincide)
+    if labelled:
         _pad_limits(ax)
+    _readable_limits(ax)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(max(lo, -0.05 * hi), hi)  # d >= 0: no room for negative values
+    if labelled:
         fig.tight_layout()
         place_labels(ax, [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts])
         return _save(fig, path, plt, layout=False)
@@ -154,20 +173,45 @@ def _lines(runs, key, keys, name):
     return lines
 
 
+MARKERS = "osD^v<>p"
+
+
+def _dodge(xs: list[float], i: int, n: int, logx: bool, span: tuple[float, float]) -> list[float]:
+    """x positions of line ``i`` of ``n`` shifted sideways a little (1.5% of the axis per line), so that lines with
+    the same values stay visible side by side."""
+    if n <= 1:
+        return xs
+    share = 0.015 * (i - (n - 1) / 2)
+    lo, hi = span
+    if logx:
+        return [x * (hi / lo) ** share for x in xs]
+    return [x + share * ((hi - lo) or 1.0) for x in xs]
+
+
+def _xspan(runs: list[dict], key: str) -> tuple[float, float]:
+    xs = [r["overrides"].get(key) for r in runs if is_number(r["overrides"].get(key))]
+    return (min(xs), max(xs)) if xs else (0.0, 1.0)
+
+
 def plot_against(runs: list[dict], key: str, keys: list[str], name: str, path: Path) -> Path | None:
-    """``name`` after training against the swept setting ``key``, one line per combination of the others."""
+    """``name`` after training against the swept setting ``key``, one line per combination of the others (each
+    its own colour and marker, shifted sideways a little so that equal lines stay visible)."""
     lines = _lines(runs, key, keys, name)
     if not lines:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, points in sorted(lines.items()):
+    logx = _log_axis([p[0] for pts in lines.values() for p in pts])
+    for i, (label, points) in enumerate(sorted(lines.items())):
         points.sort()
         se = [p[2] if is_number(p[2]) else 0.0 for p in points]
-        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=se, marker="o", capsize=3, label=label)
-    if _log_axis([p[0] for pts in lines.values() for p in pts]):
+        xs = _dodge([p[0] for p in points], i, len(lines), logx, _xspan(runs, key))
+        ax.errorbar(xs, [p[1] for p in points], yerr=se, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
+    if logx:
         ax.set_xscale("log")
-    ax.set_xlabel(key + (" (log scale)" if ax.get_xscale() == "log" else ""))
+    if name in ("task_accuracy", "preference_accuracy"):
+        ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel(key + (" (log scale)" if logx else ""))
     ax.set_ylabel(f"{AXIS_LABELS.get(name, name)}\nafter training")
     ax.set_title(f"{name} against {key} (error bars: ± 1 s.e.)")
     if len(lines) > 1:
@@ -177,24 +221,33 @@ def plot_against(runs: list[dict], key: str, keys: list[str], name: str, path: P
 
 
 def plot_diversity(runs: list[dict], key: str, keys: list[str], path: Path) -> Path | None:
-    """Distinct-1/2, entropy and KL after training against a numeric swept setting (Kirk et al. 2024)."""
+    """Distinct-1/2, entropy and KL after training against a numeric swept setting (Kirk et al. 2024): one colour
+    per combination of the other swept settings, one marker and line style per metric; grey: before training."""
     panels = [("distinct_1", "distinct_2"), ("entropy",), ("kl_k1",)]
     if not any(_lines(runs, key, keys, m) for m in ("distinct_1", "distinct_2", "entropy")):
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     logx = _log_axis([r["overrides"].get(key) for r in runs])
-    ylabels = ["distinct-n across samples of a prompt", "entropy [nats / token]", "KL(π ‖ π_ref) [nats]"]
+    span = _xspan(runs, key)
+    ylabels = ["distinct-n across samples of a prompt", "entropy [nats / token]", "KL(π ‖ π_ref) [nats / completion]"]
+    groups = sorted({label for m in ("distinct_1", "distinct_2", "entropy", "kl_k1")
+                     for label in _lines(runs, key, keys, m)})
+    styles = ("-", "--")
     for ax, names, ylabel in zip(axes, panels, ylabels):
         for i, name in enumerate(names):
-            for label, points in sorted(_lines(runs, key, keys, name).items()):
+            lines = _lines(runs, key, keys, name)
+            for label, points in sorted(lines.items()):
                 points.sort()
+                g = groups.index(label)
                 tag = name if len(keys) <= 1 else f"{name}, {label}"
-                ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=f"C{i}", label=tag)
+                ax.plot(_dodge([p[0] for p in points], g, len(groups), logx, span), [p[1] for p in points],
+                        marker=MARKERS[i], ls=styles[i], color=f"C{g}", label=tag)
             before = [metric(r, name, "eval_before") for r in runs]
             before = [b for b in before if is_number(b)]
             if before:  # the policy before training (the same for every run of a sweep that shares its seed)
-                ax.axhline(sum(before) / len(before), color=f"C{i}", ls="--", lw=1, label=f"{name} before training")
+                ax.axhline(sum(before) / len(before), color="0.45", ls=(":" if i else "-."), lw=1,
+                           label=f"{name} before training")
         if logx:
             ax.set_xscale("log")
         ax.set_xlabel(key + (" (log scale)" if logx else ""))
@@ -209,18 +262,27 @@ def plot_diversity(runs: list[dict], key: str, keys: list[str], path: Path) -> P
 def plot_reward_vs_diversity(runs: list[dict], keys: list[str], path: Path) -> Path | None:
     """Reward against distinct-2, one point per run, labelled with its swept values."""
     name = _frontier_reward(runs)
-    points = [(metric(r, "distinct_2"), metric(r, name), label) for r, label in zip(runs, run_labels(runs, keys))]
+    points = [(metric(r, "distinct_2"), metric(r, name), label, str(r["summary"].get("algo")))
+              for r, label in zip(runs, run_labels(runs, keys, named=True))]
     points = [p for p in points if is_number(p[0]) and is_number(p[1])]
     if len(points) < 2:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    ax.plot([p[0] for p in points], [p[1] for p in points], "o", color="C0")
+    style = algo_styles(runs)
+    algos = sorted({p[3] for p in points})
+    for algo in algos:
+        mine = [p for p in points if p[3] == algo]
+        ax.plot([p[0] for p in mine], [p[1] for p in mine], ls="none", label=algo, **style[algo])
+    if len(algos) > 1:
+        ax.legend(fontsize=8)
     ax.set_xlabel("distinct-2 across samples of a prompt (higher: more diverse)")
     ax.set_ylabel(("mean reward of temperature-1 samples" if name == "sample_reward" else "reward of greedy answers"))
     ax.set_title("Reward against diversity, one point per run (after training)")
     ax.grid(alpha=0.3)
     _pad_limits(ax)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, min(hi, 1.0 + 0.05 * (hi - lo)))  # distinct-2 <= 1
     fig.tight_layout()
     place_labels(ax, [p[0] for p in points], [p[1] for p in points], [p[2] for p in points])
     return _save(fig, path, plt, layout=False)
@@ -242,8 +304,9 @@ def plot_per_run(runs: list[dict], keys: list[str], path: Path) -> Path | None:
     from matplotlib.lines import Line2D
 
     labels = run_labels(runs, keys)
-    algos = list(dict.fromkeys(str(r["summary"].get("algo")) for r in runs))
-    colour = {a: f"C{i}" for i, a in enumerate(algos)}
+    style = algo_styles(runs)
+    algos = list(style)
+    colour = {a: st["color"] for a, st in style.items()}
     plt = _plt()
     cols = min(4, len(names))
     rows = math.ceil(len(names) / cols)
@@ -257,8 +320,9 @@ def plot_per_run(runs: list[dict], keys: list[str], path: Path) -> Path | None:
             if is_number(before):
                 ax.plot([x], [before], "_", color="k", ms=16, mew=2)
             if is_number(value):
-                ax.errorbar([x], [value], yerr=[se] if is_number(se) else None, fmt="o", ms=7, capsize=3,
-                            color=colour[str(run["summary"].get("algo"))])
+                st = style[str(run["summary"].get("algo"))]
+                ax.errorbar([x], [value], yerr=[se] if is_number(se) else None, fmt=st["marker"], ms=7, capsize=3,
+                            color=st["color"])
             else:
                 ax.annotate("not measured", (x, 0.5), xycoords=("data", "axes fraction"), rotation=90, ha="center",
                             va="center", fontsize=7, color="0.4")
@@ -274,7 +338,8 @@ def plot_per_run(runs: list[dict], keys: list[str], path: Path) -> Path | None:
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
     handles = [Line2D([], [], color="k", marker="_", ms=12, mew=2, ls="none", label="before training")]
-    handles += [Line2D([], [], color=colour[a], marker="o", ls="none", label=f"after training: {a}") for a in algos]
+    handles += [Line2D([], [], color=colour[a], marker=style[a]["marker"], ls="none", label=f"after training: {a}")
+                for a in algos]
     if "preference_accuracy" in names:
         handles.append(Line2D([], [], color="0.5", ls=":", label="chance (0.5)"))
     fig.suptitle("Held-out evaluation per run" + (f" (swept: {', '.join(keys)})" if keys else "")
@@ -329,7 +394,8 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
 
 CAPTIONS = {
     "frontier": "Reward–KL frontier: each run's reward after training against d = sqrt(KL(π ‖ π_ref)) on held-out "
-                "samples, one line per algorithm (best-of-n: analytic KL); the star is the policy before training.",
+                "samples, one line per algorithm (best-of-n: analytic KL; a k1 estimate below 0 is drawn at d = 0); "
+                "the star is the policy before training.",
     "overoptimisation": "Gold (top) and proxy (bottom) reward against d = sqrt(KL): best-of-n (left, one point per n) "
                         "and RL (right, one point per evaluation during training), with the least-squares fits of "
                         "Gao et al. 2023.",

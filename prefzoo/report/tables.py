@@ -97,7 +97,7 @@ def markdown_table(runs: list[dict], keys: list[str], metrics=HEADLINE, base: Pa
     return "\n".join(lines) + "\n"
 
 
-def legend(runs: list[dict], metrics=HEADLINE) -> str:
+def legend(runs: list[dict], metrics=HEADLINE, keys: list[str] = ()) -> str:
     present = [m for m in metrics if any(metric(r, m) is not None for r in runs)]
     text = "Columns (evaluation after training, held-out prompts; ± one standard error):\n\n"
     notes = {"kl_k1": " (k1 is unbiased but noisy: on few samples of a policy still close to π_ref it can come out "
@@ -105,9 +105,14 @@ def legend(runs: list[dict], metrics=HEADLINE) -> str:
     text += "".join(f"- `{m}`: {DESCRIPTION[m]}{notes.get(m, '')}\n" for m in present if m in DESCRIPTION)
     delta = ("`Δ task`: task_accuracy (else task_reward) after minus before training; "
              if any(d is not None for d in _deltas(runs)) else "")
-    text += ("- `run`: the run's folder (a long name shows its job number, linked to the folder); `beta`: the KL "
-             f"coefficient the run used (its algorithm's default unless set); {delta}`train s`: seconds in training "
-             "steps; `wall s`: the whole run after model loading, evaluations included.\n")
+    beta = ("" if _resolved_beta_is_swept(runs, list(keys)) else
+            "`beta`: the KL coefficient the run used (its algorithm's default unless set); ")
+    stop = ("`stop`: why the run ended (max_steps; kl_budget: objective.kl_budget reached; early_stopping; "
+            "no_training: best-of-n trains nothing); "
+            if any(r["summary"].get("stop_reason") not in (None, "max_steps") for r in runs) else "")
+    text += ("- `run`: the run's folder (a long name shows its job number, linked to the folder); "
+             f"{beta}{delta}`steps`: training steps; {stop}`train s`: seconds in training steps; `wall s`: the whole "
+             "run after model loading, evaluations included.\n")
     return text
 
 
