@@ -6,6 +6,7 @@ over-optimisation with its fitted forms; and their captions. Point labels are pl
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -83,20 +84,29 @@ def _frontier_reward(runs: list[dict]) -> str:
 
 
 def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = (), named: bool = False) -> list[str]:
-    """Each run's swept values (``key=value, ...`` with the key's last part, without the keys in ``skip``; one
-    swept key shows its bare value unless ``named``), as short as they stay distinct: a path shows its file name
-    when the file names differ; the folder name when nothing else was swept."""
+    """Each run's swept values (without the keys in ``skip``), as short as they stay distinct: a number as
+    ``beta=0.1`` (the key's last part; a lone key's number bare unless ``named``), a name as it is (``dpo``,
+    ``bon_n4``), a path as its file name when the file names differ; a run that is no job of the sweep (a recipe's
+    reward model) or a sweep of nothing by its folder name."""
     keys = [k for k in keys if k not in skip]
     shown = {}
     for k in keys:
         full = [str(r["overrides"].get(k)) for r in runs]
         short = [v.rstrip("/").rsplit("/", 1)[-1] if "/" in v else v for v in full]
         shown[k] = short if len(set(short)) == len(set(full)) else full
-    if not keys:
-        return [r["dir"].name for r in runs]
-    if len(keys) == 1 and not named:
-        return [shown[keys[0]][i] for i in range(len(runs))]
-    return [", ".join(f"{k.rsplit('.', 1)[-1]}={shown[k][i]}" for k in keys) for i in range(len(runs))]
+    out = []
+    for i, run in enumerate(runs):
+        if not keys or all(run["overrides"].get(k) is None for k in keys):
+            out.append(run["dir"].name)
+            continue
+        parts = []
+        for k in keys:
+            value = run["overrides"].get(k)
+            number = is_number(value)
+            parts.append(f"{re.split(r'[./]', k)[-1]}={shown[k][i]}" if number and (named or len(keys) > 1)
+                         else shown[k][i])
+        out.append(", ".join(parts))
+    return out
 
 
 def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | None:
@@ -338,7 +348,7 @@ def plot_per_run(runs: list[dict], keys: list[str], path: Path) -> Path | None:
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
     handles = [Line2D([], [], color="k", marker="_", ms=12, mew=2, ls="none", label="before training")]
-    handles += [Line2D([], [], color=colour[a], marker=style[a]["marker"], ls="none", label=f"after training: {a}")
+    handles += [Line2D([], [], color=colour[a], marker=style[a]["marker"], ls="none", label=a)
                 for a in algos]
     if "preference_accuracy" in names:
         handles.append(Line2D([], [], color="0.5", ls=":", label="chance (0.5)"))

@@ -94,14 +94,15 @@ def test_the_sweep_says_nothing_about_the_default_reward(sweep):
 
 
 def test_the_sweep_ends_with_a_readable_report(sweep):
-    """The report (written by the sweep itself): swept columns algo and data.path once each, the run column a
-    short link to each folder, every named image exists (none before: `## Plots` stood empty)."""
+    """The report (written by the sweep itself): swept columns algo and data.path once each, the run column each
+    folder's (short) name, every named image exists (none before: `## Plots` stood empty)."""
     text = (sweep / "report.md").read_text()
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header[:3] == ["run", "data.path", "algo"] and header.count("algo") == 1  # in command-line order
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
-    assert [r[0].split("]")[0] for r in rows] == ["[0", "[1", "[2", "[3"]
+    assert [r[0] for r in rows] == ["0-algo=dpo,data.path=x.jsonl", "1-algo=simpo,data.path=x.jsonl",
+                                    "2-algo=dpo,data.path=y.jsonl", "3-algo=simpo,data.path=y.jsonl"]
     assert {r[1] for r in rows} == {str(sweep.parent / "a" / "b" / "x.jsonl"), str(sweep.parent / "a" / "c" / "y.jsonl")}
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images and all((sweep / name).is_file() for name in images)
