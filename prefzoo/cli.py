@@ -57,7 +57,9 @@ def register_configs() -> None:
     """Register the typed schemas and every plugin's config with Hydra (built-ins, and installed plugins of the
     ``prefzoo.algorithms`` entry-point group, which become ``algo=<name>`` without a yaml)."""
     from prefzoo.algos import REGISTRY, entry_point_algorithms, get_algorithm
+    from prefzoo.report.sweep_dirs import register_resolver
 
+    register_resolver()  # ${prefzoo.job_dirname:} in hydra.sweep.subdir (conf/config.yaml)
     extra = {}
     for name in entry_point_algorithms():
         if name not in REGISTRY:

@@ -21,7 +21,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from prefzoo.report.sweep_dirs import register_resolver
+
 PROG = "prefzoo"
+register_resolver()  # hydra.sweep.subdir's ${prefzoo.job_dirname:}, also where a launcher runs jobs in other processes
 
 
 def conf_dir() -> Path:

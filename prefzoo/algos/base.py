@@ -86,6 +86,28 @@ class AlgoConfig:
 
 
 @dataclass(frozen=True)
+class MetricWarning:
+    """A warning the loop prints while a run goes wrong in a way the plugin knows how to read: the step metric
+    ``metric`` at or above ``threshold`` for ``steps`` consecutive training steps (or for every step of a shorter
+    run). One line, once per such streak (:mod:`prefzoo.training.watch`): ``<metric> = <value> for N steps in a row
+    (steps a-b; <show>): <message>``.
+
+    Attributes:
+        metric: a key of the step's metrics (e.g. ``frac_zero_std_groups``).
+        threshold: the value from which on the step counts (``metric >= threshold``).
+        steps: consecutive steps before the warning.
+        message: what it means and what to change (config keys with their values), one line.
+        show: other step metrics quoted in the line (e.g. the mean ``reward``: all 0 or all 1 says which way).
+    """
+
+    metric: str
+    threshold: float
+    steps: int
+    message: str
+    show: tuple[str, ...] = ("reward",)
+
+
+@dataclass(frozen=True)
 class Declaration:
     """What a plugin needs from the loop and what it offers, stated once (see the module docstring).
 
@@ -111,6 +133,7 @@ class Declaration:
             ``unpaired``: labelled rows, which the loop makes from unpaired data or by splitting pairs).
         min_batch_size: the fewest rows each process must hold per optimizer step (``trainer.batch_size`` is
             refused below it times the number of processes, before anything loads); 1 for most plugins.
+        warnings: :class:`MetricWarning` s the loop watches the step metrics for (e.g. no learning signal).
     """
 
     reference: bool
@@ -128,6 +151,7 @@ class Declaration:
     progress_keys: tuple[str, ...] = ("loss",)
     data: str = "pairs"
     min_batch_size: int = 1
+    warnings: tuple[MetricWarning, ...] = ()
 
     def __post_init__(self) -> None:
         from prefzoo.errors import PluginError

@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.sampled import sample_and_score
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
+from prefzoo.algos.sampled import ZERO_SPREAD_STEPS, sample_and_score
 from prefzoo.errors import ConfigError
 from prefzoo.objective import PAIRWISE_LOSSES, get_divergence, implicit_reward, masked_sum, pairwise_loss, sequence_logps
 from prefzoo.types import ROLLOUT_SEED_COLUMN, LossOutput, ObjectiveSettings, Policy, PreferenceBatch, PromptBatch, Scorer
@@ -88,9 +88,16 @@ class OnlineDPO(Algorithm):
                               "reward; beta=0 has no optimum).")
 
     def declare(self) -> Declaration:
+        ties = MetricWarning(  # judged by the reward, a tie is a pair of weight 0
+            "frac_ties", 1.0, ZERO_SPREAD_STEPS,
+            "both completions of every prompt got the same reward, so every pair is a tie of weight 0 and the policy "
+            "learns nothing. The reward is likely too hard or too easy for this model, or the samples too alike: "
+            f"raise rollout.temperature={self.sampling.temperature:g}, use a reward that gives partial credit, or "
+            "algo.judge=bradley_terry.")
         return Declaration(reference=True, online=True, reward=True, aggregation="example_mean", num_samples=2,
                            capabilities=frozenset({"implicit_rewards"}),
-                           progress_keys=("reward", "rewards/accuracies", "frac_ties"))
+                           progress_keys=("reward", "rewards/accuracies", "frac_ties"),
+                           warnings=(ties,) if self.cfg.judge == "reward" else ())
 
     @torch.no_grad()
     def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[PreferenceBatch, dict]:

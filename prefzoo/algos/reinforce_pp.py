@@ -85,7 +85,8 @@ class ReinforcePP(Algorithm):
         check_rollout_settings(cfg, objective)
 
     def declare(self) -> Declaration:
-        return rollout_declaration(self, ("reward", "kl", "clip_fraction"))
+        # only the group baseline makes a group of equal rewards a zero advantage (the batch baseline whitens all rows)
+        return rollout_declaration(self, ("reward", "kl", "clip_fraction"), group_baseline=self.cfg.baseline == "group")
 
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.loss_mask

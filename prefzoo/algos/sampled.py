@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from prefzoo.algos.base import Declaration
+from prefzoo.algos.base import Declaration, MetricWarning
 from prefzoo.errors import ConfigError
 from prefzoo.objective import kl_loss, masked_sum, ratio_statistics, sequence_kl
 from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch
 
 __all__ = ["AGGREGATION_OF", "Rollout", "drift_metrics", "sample_and_score", "update_metrics", "add_kl_loss",
-           "check_rollout_settings", "rollout_declaration"]
+           "check_rollout_settings", "rollout_declaration", "zero_spread_warning", "ZERO_SPREAD_STEPS"]
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
 #: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
@@ -53,17 +53,34 @@ def check_rollout_settings(cfg, objective: ObjectiveSettings) -> None:
         raise ConfigError("the adaptive KL controller needs a starting objective.beta > 0.")
 
 
-def rollout_declaration(algo, progress_keys: tuple[str, ...]) -> Declaration:
+#: steps in a row with every group's rewards equal before :func:`zero_spread_warning` is printed
+ZERO_SPREAD_STEPS = 5
+
+
+def zero_spread_warning(num_samples: int, temperature: float, steps: int = ZERO_SPREAD_STEPS) -> MetricWarning:
+    """The warning of a plugin whose baseline is the group: every group of ``num_samples`` completions scored alike
+    (``frac_zero_std_groups`` = 1) means every advantage is 0, and the reward teaches the policy nothing."""
+    return MetricWarning(
+        "frac_zero_std_groups", 1.0, steps,
+        f"every group of algo.num_samples={num_samples} completions got one reward, so every advantage is 0 and the "
+        "policy learns nothing from the reward. The reward is likely too hard (all 0) or too easy (all the same high "
+        f"value) for this model, or the samples too alike: raise rollout.temperature={temperature:g} or "
+        "algo.num_samples, or use an easier task or a reward that gives partial credit.")
+
+
+def rollout_declaration(algo, progress_keys: tuple[str, ...], group_baseline: bool = True) -> Declaration:
     """The declaration of a group-sampling plugin: a reference only when beta > 0 (or adaptive), rollouts scored
     by the run's reward, the loss reduction of ``algo.cfg.loss_aggregation`` (Dr. GRPO's constant is the sampling
-    budget ``max_new_tokens``), the config's epochs, mini-batches and group size."""
+    budget ``max_new_tokens``), the config's epochs, mini-batches and group size; with ``group_baseline`` (the
+    group is each sample's baseline) the :func:`zero_spread_warning`."""
     cfg, aggregation = algo.cfg, AGGREGATION_OF[algo.cfg.loss_aggregation]
+    warnings = (zero_spread_warning(cfg.num_samples, algo.sampling.temperature),) if group_baseline else ()
     return Declaration(
         reference=algo.beta > 0 or algo.objective.kl_controller == "adaptive", online=True, reward=True,
         aggregation=aggregation,
         aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
         epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
-        progress_keys=progress_keys)
+        progress_keys=progress_keys, warnings=warnings)
 
 
 @dataclass

@@ -11,11 +11,14 @@ values differ between runs are the swept settings and become the table's first c
   value of the other swept settings (a log axis when the setting spans a factor of 10 or more);
 * ``diversity_vs_<setting>.png`` — distinct-1/2, entropy and KL against a numeric swept setting (Kirk et al.
   2024), and ``reward_vs_diversity.png`` — reward against distinct-2, one point per run;
+* ``metrics_per_run.png`` — when no numeric setting was swept (algorithms, files, a single run): each measured
+  evaluation key (accuracies, rewards, preference accuracy, KL, entropy, distinct-2), one bar per run;
 * with a gold reward in the evaluations (``eval.gold_reward``): ``overoptimisation.png`` and a section with
   the least-squares fits R_bon(d) = d(a - b d) and R_RL(d) = d(a - b log d) of Gao et al. 2023
   (:mod:`prefzoo.report.overoptimisation`) and where the gold reward peaks;
 
-and prints where it wrote them. :class:`prefzoo.report.callbacks.WriteReport` runs it at the end of a Hydra multirun.
+and prints where it wrote them; a heading without content is left out. :class:`prefzoo.report.callbacks.WriteReport`
+runs it at the end of every Hydra multirun (``prefzoo/conf/config.yaml``).
 
 The package, one idea a module: :mod:`~prefzoo.report.runs` (reading the runs and what was swept),
 :mod:`~prefzoo.report.tables` (the markdown), :mod:`~prefzoo.report.plots` (the figures and their captions),
@@ -32,7 +35,7 @@ from pathlib import Path
 from prefzoo.errors import DataError, PrefzooError
 from prefzoo.report.overoptimisation import fit_overoptimisation, overoptimisation_points
 from prefzoo.report.plots import (caption, plot_against, plot_diversity, plot_frontier, plot_overoptimisation,
-                                  plot_reward_vs_diversity)
+                                  plot_per_run, plot_reward_vs_diversity)
 from prefzoo.report.runs import HEADLINE, is_number, load_runs, swept_keys
 from prefzoo.report.tables import legend, markdown_table, overoptimisation_section
 
@@ -52,9 +55,13 @@ def write_report(root: Path, out: Path | None = None) -> dict:
     out = Path(out or root)
     out.mkdir(parents=True, exist_ok=True)
     keys = swept_keys(runs)
-    table = markdown_table(runs, keys)
-    plots = [p for p in [plot_frontier(runs, out / "frontier.png")] if p]
+    table = markdown_table(runs, keys, base=out)
+    plots = [p for p in [plot_frontier(runs, out / "frontier.png", keys)] if p]
     numeric = [k for k in keys if any(is_number(r["overrides"].get(k)) for r in runs)]
+    if not numeric:  # a sweep of names (algorithms, files, loss types) or one run: the evaluation per run
+        p = plot_per_run(runs, keys, out / "metrics_per_run.png")
+        if p:
+            plots.append(p)
     for key in numeric:
         for name in HEADLINE:
             p = plot_against(runs, key, keys, name, out / f"{name}_vs_{key.replace('/', '_')}.png")
@@ -67,7 +74,7 @@ def write_report(root: Path, out: Path | None = None) -> dict:
     if p:
         plots.append(p)
     text = f"# prefzoo report: {root}\n\n{len(runs)} runs; swept: {', '.join(keys) or 'nothing'}.\n\n{table}\n"
-    text += legend(runs) + "\n"
+    text += legend(runs, keys=keys) + "\n"
     fits = []
     points = overoptimisation_points(runs)
     if points["bon"] or points["rl"]:
@@ -76,7 +83,8 @@ def write_report(root: Path, out: Path | None = None) -> dict:
         if p:
             plots.insert(0, p)
         text += overoptimisation_section(points, fits) + "\n"
-    text += "## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n*{caption(p)}*\n\n" for p in plots)
+    if plots:  # no heading without a plot under it
+        text += "## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n*{caption(p)}*\n\n" for p in plots)
     (out / "report.md").write_text(text)
     return {"report": out / "report.md", "plots": plots, "runs": len(runs), "swept": keys, "fits": fits}
 

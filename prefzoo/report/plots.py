@@ -1,18 +1,44 @@
 """The report's plots (matplotlib, Agg): the reward-KL frontier, each headline metric and diversity against each
-numeric swept setting, reward against diversity, and over-optimisation with its fitted forms; and their captions."""
+numeric swept setting, the evaluation per run (a sweep of names: algorithms, files), reward against diversity, and
+over-optimisation with its fitted forms; and their captions. Point labels are placed apart
+(:func:`prefzoo.report.labels.place_labels`)."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
+from prefzoo.report.labels import place_labels
 from prefzoo.report.runs import DESCRIPTION, is_number, metric
 
-__all__ = ["plot_frontier", "plot_against", "plot_diversity", "plot_reward_vs_diversity", "plot_overoptimisation",
-           "caption"]
+__all__ = ["plot_frontier", "plot_against", "plot_diversity", "plot_per_run", "plot_reward_vs_diversity",
+           "plot_overoptimisation", "caption", "run_labels", "AXIS_LABELS"]
 
 D_LABEL = "d = sqrt(KL(π ‖ π_ref)) on held-out samples [sqrt(nats)]"
+
+#: y-axis label (with its unit) of each evaluation key
+AXIS_LABELS = {
+    "task_accuracy": "task accuracy (exact match of greedy answers)",
+    "task_reward": "reward of greedy answers",
+    "sample_reward": "mean reward of temperature-1 samples",
+    "gold_task_reward": "gold reward of greedy answers",
+    "gold_sample_reward": "gold reward, mean over temperature-1 samples",
+    "preference_accuracy": "held-out preference accuracy (chance 0.5)",
+    "kl_k1": "KL(π ‖ π_ref) [nats / completion]",
+    "entropy": "entropy [nats / token]",
+    "distinct_1": "distinct-1 across samples of a prompt",
+    "distinct_2": "distinct-2 across samples of a prompt",
+}
+
+
+def algo_styles(runs: list[dict]) -> dict[str, dict]:
+    """One colour, marker and size per algorithm of ``runs`` (sorted by name: the same in every plot of a report);
+    the sizes shrink along the list, so a point drawn over another of the same value leaves a ring of it visible."""
+    algos = sorted({str(r["summary"].get("algo")) for r in runs})
+    return {a: {"color": f"C{i}", "marker": "osD^v<>p"[i % 8], "ms": max(4.0, 10.0 - 1.5 * i)}
+            for i, a in enumerate(algos)}
 
 
 def _plt():
@@ -21,11 +47,33 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.rcParams["axes.formatter.useoffset"] = False  # 10.79 on the axis, not "1e-5 + 1.07898e1" and 9.3
     return plt
 
 
-def _save(fig, path: Path, plt) -> Path:
-    fig.tight_layout()
+#: an axis spans at least this share of its values' size (nearly equal values are not blown up into noise)
+MIN_RELATIVE_SPAN = 0.02
+
+
+def _readable_limits(ax) -> None:
+    """Widen each axis whose span is below :data:`MIN_RELATIVE_SPAN` of its values' size (linear axes only)."""
+    for get, set_, scale in ((ax.get_xlim, ax.set_xlim, ax.get_xscale), (ax.get_ylim, ax.set_ylim, ax.get_yscale)):
+        if scale() != "linear":
+            continue
+        lo, hi = get()
+        need = MIN_RELATIVE_SPAN * max(abs(lo), abs(hi)) or 1e-3
+        if hi - lo < need:
+            mid = (lo + hi) / 2
+            set_(mid - need / 2, mid + need / 2)
+
+
+def _save(fig, path: Path, plt, layout: bool = True) -> Path:
+    """Write ``fig`` to ``path`` (laid out first unless ``layout`` is False: labels were placed on the final
+    layout) and close it."""
+    if layout:
+        for ax in fig.axes:
+            _readable_limits(ax)
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -35,15 +83,44 @@ def _frontier_reward(runs: list[dict]) -> str:
     return "sample_reward" if any(metric(r, "sample_reward") is not None for r in runs) else "task_reward"
 
 
-def plot_frontier(runs: list[dict], path: Path) -> Path | None:
-    """Reward after training against sqrt(KL to the reference), one series per algorithm; the reference
-    policy (the runs' evaluations before training, best-of-1) at d = 0."""
+def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = (), named: bool = False) -> list[str]:
+    """Each run's swept values (without the keys in ``skip``), as short as they stay distinct: a number as
+    ``beta=0.1`` (the key's last part; a lone key's number bare unless ``named``), a name as it is (``dpo``,
+    ``bon_n4``), a path as its file name when the file names differ; a run that is no job of the sweep (a recipe's
+    reward model) or a sweep of nothing by its folder name."""
+    keys = [k for k in keys if k not in skip]
+    shown = {}
+    for k in keys:
+        full = [str(r["overrides"].get(k)) for r in runs]
+        short = [v.rstrip("/").rsplit("/", 1)[-1] if "/" in v else v for v in full]
+        shown[k] = short if len(set(short)) == len(set(full)) else full
+    out = []
+    for i, run in enumerate(runs):
+        if not keys or all(run["overrides"].get(k) is None for k in keys):
+            out.append(run["dir"].name)
+            continue
+        parts = []
+        for k in keys:
+            value = run["overrides"].get(k)
+            number = is_number(value)
+            parts.append(f"{re.split(r'[./]', k)[-1]}={shown[k][i]}" if number and (named or len(keys) > 1)
+                         else shown[k][i])
+        out.append(", ".join(parts))
+    return out
+
+
+def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | None:
+    """Reward after training against sqrt(KL to the reference), one series per algorithm, each point labelled
+    with its other swept values; the reference policy (the runs' evaluations before training, best-of-1) at d = 0."""
     name = _frontier_reward(runs)
     series, reference = defaultdict(list), []
+    others = [k for k in keys if k != "algo"]
+    labels = dict(zip((id(r) for r in runs), run_labels(runs, others, named=True) if others else
+                      [str(r["summary"].get("algo")) for r in runs]))
     for run in runs:
         kl, reward = metric(run, "kl_k1"), metric(run, name)
         if is_number(kl) and is_number(reward):
-            series[run["summary"].get("algo", "?")].append((math.sqrt(max(kl, 0.0)), reward))
+            series[run["summary"].get("algo", "?")].append((math.sqrt(max(kl, 0.0)), reward, labels[id(run)]))
         kl0, reward0 = metric(run, "kl_k1", "eval_before"), metric(run, name, "eval_before")
         if is_number(kl0) and is_number(reward0):
             reference.append((math.sqrt(max(kl0, 0.0)), reward0))
@@ -51,18 +128,43 @@ def plot_frontier(runs: list[dict], path: Path) -> Path | None:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    if reference:  # one star, under the runs' points: every run of a sweep starts from the same policy
+        ax.plot([sum(p[0] for p in reference) / len(reference)], [sum(p[1] for p in reference) / len(reference)],
+                "*", color="0.6", ms=14, zorder=1, label="before training (π_ref)")
+    style = algo_styles(runs)
     for algo, points in sorted(series.items()):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-" if algo != "bon" else "s--", label=algo)
-    if reference:
-        ax.plot([p[0] for p in reference], [p[1] for p in reference], "k*", ms=10, label="before training (π_ref)")
+        ax.plot([p[0] for p in points], [p[1] for p in points], ls="--" if algo == "bon" else "-", zorder=2,
+                label=algo, **style[algo])
     ax.set_xlabel(D_LABEL)
     ax.set_ylabel(("mean reward of temperature-1 samples" if name == "sample_reward" else "reward of greedy answers")
                   + "\n(run's reward, held-out prompts)")
     ax.set_title("Reward–KL frontier (after training)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    pts = [p for points in series.values() for p in points]
+    coincide = len({(round(p[0], 3), round(p[1], 3)) for p in pts}) < len(pts)  # points hidden under others
+    labelled = len(pts) <= 30 and (bool(others) or coincide)
+    if labelled:
+        _pad_limits(ax)
+    _readable_limits(ax)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(max(lo, -0.05 * hi), hi)  # d >= 0: no room for negative values
+    if labelled:
+        fig.tight_layout()
+        place_labels(ax, [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts])
+        return _save(fig, path, plt, layout=False)
     return _save(fig, path, plt)
+
+
+def _pad_limits(ax, share: float = 0.15) -> None:
+    """Widen the axes' limits by ``share`` of their span on each side (room for point labels); a zero span (every
+    point alike) gets a span of its own."""
+    _readable_limits(ax)
+    for get, set_ in ((ax.get_xlim, ax.set_xlim), (ax.get_ylim, ax.set_ylim)):
+        lo, hi = get()
+        span = hi - lo
+        set_(lo - share * span, hi + share * span)
 
 
 def _log_axis(values) -> bool:
@@ -81,21 +183,46 @@ def _lines(runs, key, keys, name):
     return lines
 
 
+MARKERS = "osD^v<>p"
+
+
+def _dodge(xs: list[float], i: int, n: int, logx: bool, span: tuple[float, float]) -> list[float]:
+    """x positions of line ``i`` of ``n`` shifted sideways a little (1.5% of the axis per line), so that lines with
+    the same values stay visible side by side."""
+    if n <= 1:
+        return xs
+    share = 0.015 * (i - (n - 1) / 2)
+    lo, hi = span
+    if logx:
+        return [x * (hi / lo) ** share for x in xs]
+    return [x + share * ((hi - lo) or 1.0) for x in xs]
+
+
+def _xspan(runs: list[dict], key: str) -> tuple[float, float]:
+    xs = [r["overrides"].get(key) for r in runs if is_number(r["overrides"].get(key))]
+    return (min(xs), max(xs)) if xs else (0.0, 1.0)
+
+
 def plot_against(runs: list[dict], key: str, keys: list[str], name: str, path: Path) -> Path | None:
-    """``name`` after training against the swept setting ``key``, one line per combination of the others."""
+    """``name`` after training against the swept setting ``key``, one line per combination of the others (each
+    its own colour and marker, shifted sideways a little so that equal lines stay visible)."""
     lines = _lines(runs, key, keys, name)
     if not lines:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, points in sorted(lines.items()):
+    logx = _log_axis([p[0] for pts in lines.values() for p in pts])
+    for i, (label, points) in enumerate(sorted(lines.items())):
         points.sort()
         se = [p[2] if is_number(p[2]) else 0.0 for p in points]
-        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=se, marker="o", capsize=3, label=label)
-    if _log_axis([p[0] for pts in lines.values() for p in pts]):
+        xs = _dodge([p[0] for p in points], i, len(lines), logx, _xspan(runs, key))
+        ax.errorbar(xs, [p[1] for p in points], yerr=se, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
+    if logx:
         ax.set_xscale("log")
-    ax.set_xlabel(key + (" (log scale)" if ax.get_xscale() == "log" else ""))
-    ax.set_ylabel(f"{name} after training")
+    if name in ("task_accuracy", "preference_accuracy"):
+        ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel(key + (" (log scale)" if logx else ""))
+    ax.set_ylabel(f"{AXIS_LABELS.get(name, name)}\nafter training")
     ax.set_title(f"{name} against {key} (error bars: ± 1 s.e.)")
     if len(lines) > 1:
         ax.legend(fontsize=8)
@@ -104,24 +231,33 @@ def plot_against(runs: list[dict], key: str, keys: list[str], name: str, path: P
 
 
 def plot_diversity(runs: list[dict], key: str, keys: list[str], path: Path) -> Path | None:
-    """Distinct-1/2, entropy and KL after training against a numeric swept setting (Kirk et al. 2024)."""
+    """Distinct-1/2, entropy and KL after training against a numeric swept setting (Kirk et al. 2024): one colour
+    per combination of the other swept settings, one marker and line style per metric; grey: before training."""
     panels = [("distinct_1", "distinct_2"), ("entropy",), ("kl_k1",)]
     if not any(_lines(runs, key, keys, m) for m in ("distinct_1", "distinct_2", "entropy")):
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     logx = _log_axis([r["overrides"].get(key) for r in runs])
-    ylabels = ["distinct-n across samples of a prompt", "entropy [nats / token]", "KL(π ‖ π_ref) [nats]"]
+    span = _xspan(runs, key)
+    ylabels = ["distinct-n across samples of a prompt", "entropy [nats / token]", "KL(π ‖ π_ref) [nats / completion]"]
+    groups = sorted({label for m in ("distinct_1", "distinct_2", "entropy", "kl_k1")
+                     for label in _lines(runs, key, keys, m)})
+    styles = ("-", "--")
     for ax, names, ylabel in zip(axes, panels, ylabels):
         for i, name in enumerate(names):
-            for label, points in sorted(_lines(runs, key, keys, name).items()):
+            lines = _lines(runs, key, keys, name)
+            for label, points in sorted(lines.items()):
                 points.sort()
+                g = groups.index(label)
                 tag = name if len(keys) <= 1 else f"{name}, {label}"
-                ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=f"C{i}", label=tag)
+                ax.plot(_dodge([p[0] for p in points], g, len(groups), logx, span), [p[1] for p in points],
+                        marker=MARKERS[i], ls=styles[i], color=f"C{g}", label=tag)
             before = [metric(r, name, "eval_before") for r in runs]
             before = [b for b in before if is_number(b)]
             if before:  # the policy before training (the same for every run of a sweep that shares its seed)
-                ax.axhline(sum(before) / len(before), color=f"C{i}", ls="--", lw=1, label=f"{name} before training")
+                ax.axhline(sum(before) / len(before), color="0.45", ls=(":" if i else "-."), lw=1,
+                           label=f"{name} before training")
         if logx:
             ax.set_xscale("log")
         ax.set_xlabel(key + (" (log scale)" if logx else ""))
@@ -136,21 +272,94 @@ def plot_diversity(runs: list[dict], key: str, keys: list[str], path: Path) -> P
 def plot_reward_vs_diversity(runs: list[dict], keys: list[str], path: Path) -> Path | None:
     """Reward against distinct-2, one point per run, labelled with its swept values."""
     name = _frontier_reward(runs)
-    points = [(metric(r, "distinct_2"), metric(r, name),
-               ", ".join(str(r["overrides"].get(k)) for k in keys) or r["dir"].name) for r in runs]
+    points = [(metric(r, "distinct_2"), metric(r, name), label, str(r["summary"].get("algo")))
+              for r, label in zip(runs, run_labels(runs, keys, named=True))]
     points = [p for p in points if is_number(p[0]) and is_number(p[1])]
     if len(points) < 2:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for x, y, label in points:
-        ax.plot([x], [y], "o")
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    style = algo_styles(runs)
+    algos = sorted({p[3] for p in points})
+    for algo in algos:
+        mine = [p for p in points if p[3] == algo]
+        ax.plot([p[0] for p in mine], [p[1] for p in mine], ls="none", label=algo, **style[algo])
+    if len(algos) > 1:
+        ax.legend(fontsize=8)
     ax.set_xlabel("distinct-2 across samples of a prompt (higher: more diverse)")
     ax.set_ylabel(("mean reward of temperature-1 samples" if name == "sample_reward" else "reward of greedy answers"))
-    ax.set_title("Reward against diversity, one point per run")
+    ax.set_title("Reward against diversity, one point per run (after training)")
     ax.grid(alpha=0.3)
-    return _save(fig, path, plt)
+    _pad_limits(ax)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, min(hi, 1.0 + 0.05 * (hi - lo)))  # distinct-2 <= 1
+    fig.tight_layout()
+    place_labels(ax, [p[0] for p in points], [p[1] for p in points], [p[2] for p in points])
+    return _save(fig, path, plt, layout=False)
+
+
+#: the panels of :func:`plot_per_run`, in order, with their titles
+PER_RUN = {"task_accuracy": "task accuracy (exact match)", "task_reward": "reward of greedy answers",
+           "sample_reward": "reward of samples (mean)", "gold_sample_reward": "gold reward of samples",
+           "preference_accuracy": "preference accuracy (held-out pairs)", "kl_k1": "KL(π ‖ π_ref) [nats / completion]",
+           "entropy": "entropy [nats / token]", "distinct_2": "distinct-2 across samples"}
+
+
+def plot_per_run(runs: list[dict], keys: list[str], path: Path) -> Path | None:
+    """One panel per evaluation key measured (:data:`PER_RUN`), one point per run (± 1 s.e.), labelled by its swept
+    values and coloured by algorithm; a black bar marks the run's value before training."""
+    names = [m for m in PER_RUN if any(is_number(metric(r, m)) for r in runs)]
+    if not names:
+        return None
+    from matplotlib.lines import Line2D
+
+    labels = run_labels(runs, keys)
+    style = algo_styles(runs)
+    algos = list(style)
+    colour = {a: st["color"] for a, st in style.items()}
+    plt = _plt()
+    cols = min(4, len(names))
+    rows = math.ceil(len(names) / cols)
+    width = max(3.0, 0.5 * len(runs) + 1.6)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 3.2 * rows + 1.0), squeeze=False)
+    xs = list(range(len(runs)))
+    rotate = sum(len(label) for label in labels) > 5 * width
+    for ax, name in zip(axes.flat, names):
+        for x, run in zip(xs, runs):
+            value, se, before = metric(run, name), metric(run, f"{name}_se"), metric(run, name, "eval_before")
+            if is_number(before):
+                ax.plot([x], [before], "_", color="k", ms=16, mew=2)
+            if is_number(value):
+                st = style[str(run["summary"].get("algo"))]
+                ax.errorbar([x], [value], yerr=[se] if is_number(se) else None, fmt=st["marker"], ms=7, capsize=3,
+                            color=st["color"])
+            else:
+                ax.annotate("not measured", (x, 0.5), xycoords=("data", "axes fraction"), rotation=90, ha="center",
+                            va="center", fontsize=7, color="0.4")
+        if name in ("task_accuracy", "preference_accuracy"):
+            ax.set_ylim(-0.03, 1.03)
+        if name == "preference_accuracy":
+            ax.axhline(0.5, color="0.5", ls=":", lw=1)
+        ax.set_xlim(-0.6, len(runs) - 0.4)
+        ax.set_title(PER_RUN[name], fontsize=9)
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, rotation=30 if rotate else 0, ha="right" if rotate else "center", fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    handles = [Line2D([], [], color="k", marker="_", ms=12, mew=2, ls="none", label="before training")]
+    handles += [Line2D([], [], color=colour[a], marker=style[a]["marker"], ls="none", label=a)
+                for a in algos]
+    if "preference_accuracy" in names:
+        handles.append(Line2D([], [], color="0.5", ls=":", label="chance (0.5)"))
+    fig.suptitle("Held-out evaluation per run" + (f" (swept: {', '.join(keys)})" if keys else "")
+                 + "; error bars ± 1 s.e.", fontsize=10)
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.3 / fig.get_figheight()))
+    for ax in axes.flat:
+        _readable_limits(ax)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / fig.get_figheight()))
+    return _save(fig, path, plt, layout=False)
 
 
 def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | None:
@@ -195,11 +404,14 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
 
 CAPTIONS = {
     "frontier": "Reward–KL frontier: each run's reward after training against d = sqrt(KL(π ‖ π_ref)) on held-out "
-                "samples, one line per algorithm (best-of-n: analytic KL); the star is the policy before training.",
+                "samples, one line per algorithm (best-of-n: analytic KL; a k1 estimate below 0 is drawn at d = 0); "
+                "the star is the policy before training.",
     "overoptimisation": "Gold (top) and proxy (bottom) reward against d = sqrt(KL): best-of-n (left, one point per n) "
                         "and RL (right, one point per evaluation during training), with the least-squares fits of "
                         "Gao et al. 2023.",
     "reward_vs_diversity": "Reward against distinct-2 of each run's samples: the reward–diversity trade-off.",
+    "metrics_per_run": "Each run's held-out evaluation after training, one point per run (± 1 standard error), one "
+                       "panel per measured metric; black bars: the same run before training.",
 }
 
 

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+from pathlib import Path
+from urllib.parse import quote
 
 from prefzoo.report.runs import DESCRIPTION, HEADLINE, analytic_kl, is_best_of_n, is_number, metric
 
-__all__ = ["fmt", "markdown_table", "legend", "overoptimisation_section"]
+__all__ = ["fmt", "run_cell", "markdown_table", "legend", "overoptimisation_section"]
+
+#: a run folder named longer than this shows its job number (linked to the folder) in the table
+RUN_NAME_WIDTH = 32
 
 
 def fmt(value, se=None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, float):
-        text = f"{value:.3f}"
+        text = f"{value:.3f}".replace("-0.000", "0.000")  # no negative zero
         if se is not None and not (isinstance(se, float) and math.isnan(se)):
             text += f" ± {se:.3f}"
         return text
@@ -25,37 +32,87 @@ def _setting(value) -> str:
     return "–" if value is None else str(value)
 
 
-def markdown_table(runs: list[dict], keys: list[str], metrics=HEADLINE) -> str:
-    present = [m for m in metrics if any(metric(r, m) is not None for r in runs)]
-    stops = any(r["summary"].get("stop_reason") not in (None, "max_steps") for r in runs)
-    header = ["run", *keys, "algo", "beta", *present, "Δ task (after − before)", "steps",
-              *(["stop"] if stops else []), "train s", "wall s"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def _seconds(value) -> str:
+    return f"{value:.1f}" if is_number(value) else "–"
+
+
+def run_cell(run: dict, base: Path | None = None) -> str:
+    """The run's folder, relative to ``base`` (where the report is): as it is when short, else its job number
+    (``<n>-...`` of a sweep) or its beginning, linked to the folder."""
+    folder = Path(run["dir"])
+    rel = Path(os.path.relpath(folder, base)).as_posix() if base is not None else folder.name
+    if len(rel) <= RUN_NAME_WIDTH:
+        return rel
+    number = re.match(r"(\d+)-", rel)
+    text = number.group(1) if number else rel[:RUN_NAME_WIDTH - 3] + "..."
+    return f"[{text}]({quote(rel, safe='/=,+@[]')})"
+
+
+def _resolved_beta_is_swept(runs: list[dict], keys: list[str]) -> bool:
+    """``objective.beta`` is swept and every run's value is its resolved beta (then the beta column says nothing
+    more)."""
+    if "objective.beta" not in keys:
+        return False
+    values = [(r["overrides"].get("objective.beta"), r["summary"].get("beta")) for r in runs]
+    return all(is_number(v) and is_number(b) and math.isclose(v, b) for v, b in values)
+
+
+def _deltas(runs: list[dict]) -> list[float | None]:
+    """Each run's task_accuracy (else task_reward) after minus before training, None where either is missing."""
+    out = []
     for run in runs:
-        s = run["summary"]
         main = "task_accuracy" if metric(run, "task_accuracy") is not None else "task_reward"
         before, after = metric(run, main, "eval_before"), metric(run, main)
-        delta = after - before if is_number(before) and is_number(after) else None
+        out.append(after - before if is_number(before) and is_number(after) else None)
+    return out
+
+
+def markdown_table(runs: list[dict], keys: list[str], metrics=HEADLINE, base: Path | None = None) -> str:
+    """One row per run: its folder (:func:`run_cell`), the swept settings, the algorithm and its beta (unless
+    swept), the evaluation after training, the change of the task metric, steps (and stop reasons) and times. A
+    column that would be empty in every row is left out."""
+    present = [m for m in metrics if any(metric(r, m) is not None for r in runs)]
+    stops = any(r["summary"].get("stop_reason") not in (None, "max_steps") for r in runs)
+    deltas = _deltas(runs)
+    fixed = [*([] if "algo" in keys else ["algo"]), *([] if _resolved_beta_is_swept(runs, keys) else ["beta"])]
+    delta = any(d is not None for d in deltas)
+    header = ["run", *keys, *fixed, *present, *(["Δ task (after − before)"] if delta else []), "steps",
+              *(["stop"] if stops else []), "train s", "wall s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run, d in zip(runs, deltas):
+        s = run["summary"]
         cells = []
         for m in present:
             cell = fmt(metric(run, m), metric(run, f"{m}_se") if m != "kl_k1" or not analytic_kl(run) else None)
             if m in ("kl_k1",) and analytic_kl(run) and cell != "–":
                 cell += " (analytic)"
             cells.append(cell)
+        beta = "–" if is_best_of_n(run) or s.get("algo") == "rm" else fmt(s.get("beta"))  # no KL term in either
         train_s = (s.get("results") or {}).get("train_seconds")
-        row = [run["dir"].name, *[_setting(run["overrides"].get(k)) for k in keys], s.get("algo"),
-               "–" if is_best_of_n(run) else fmt(s.get("beta")), *cells, fmt(delta), fmt(s.get("steps")),
-               *([s.get("stop_reason") or "–"] if stops else []), fmt(train_s), fmt(s.get("wall_seconds"))]
+        row = [run_cell(run, base), *[_setting(run["overrides"].get(k)) for k in keys],
+               *[s.get("algo") if c == "algo" else beta for c in fixed], *cells, *([fmt(d)] if delta else []),
+               fmt(s.get("steps")), *([s.get("stop_reason") or "–"] if stops else []), _seconds(train_s),
+               _seconds(s.get("wall_seconds"))]
         lines.append("| " + " | ".join(str(c) for c in row) + " |")
     return "\n".join(lines) + "\n"
 
 
-def legend(runs: list[dict], metrics=HEADLINE) -> str:
+def legend(runs: list[dict], metrics=HEADLINE, keys: list[str] = ()) -> str:
     present = [m for m in metrics if any(metric(r, m) is not None for r in runs)]
     text = "Columns (evaluation after training, held-out prompts; ± one standard error):\n\n"
-    text += "".join(f"- `{m}`: {DESCRIPTION[m]}\n" for m in present if m in DESCRIPTION)
-    text += ("- `Δ task`: task_accuracy (else task_reward) after minus before training; `train s`: seconds in "
-             "training steps; `wall s`: the whole run after model loading, evaluations included.\n")
+    notes = {"kl_k1": " (k1 is unbiased but noisy: on few samples of a policy still close to π_ref it can come out "
+                      "slightly below 0)"}
+    text += "".join(f"- `{m}`: {DESCRIPTION[m]}{notes.get(m, '')}\n" for m in present if m in DESCRIPTION)
+    delta = ("`Δ task`: task_accuracy (else task_reward) after minus before training; "
+             if any(d is not None for d in _deltas(runs)) else "")
+    beta = ("" if _resolved_beta_is_swept(runs, list(keys)) else
+            "`beta`: the KL coefficient the run used (its algorithm's default unless set); ")
+    stop = ("`stop`: why the run ended (max_steps; kl_budget: objective.kl_budget reached; early_stopping; "
+            "no_training: best-of-n trains nothing); "
+            if any(r["summary"].get("stop_reason") not in (None, "max_steps") for r in runs) else "")
+    text += ("- `run`: the run's folder (a long name shows its job number, linked to the folder); "
+             f"{beta}{delta}`steps`: training steps; {stop}`train s`: seconds in training steps; `wall s`: the whole "
+             "run after model loading, evaluations included.\n")
     return text
 
 

@@ -71,10 +71,11 @@ from prefzoo.training.resume import continue_schedule, run_config
 from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
 from prefzoo.training.sampler import IndexSampler
 from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
+from prefzoo.training.watch import MetricWatch
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns,
-                                    correctness_function,
+                                    correctness_function, evaluation_reward,
                                     heldout_pair_prompts, offline_data, pick_device, task_prompts)
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class Trainer:
             self.train_module = self.dp.wrap(TrainableModules(self.model, self.policy.value_model))
             self.policy.train_forward = self.train_module
         self.max_steps = t.max_steps if self.needs.trains else 0  # best-of-n: no training steps
+        self.watch = MetricWatch(self.needs.warnings, self.max_steps)  # the plugin's warnings (no learning signal)
         rows = t.batch_size * max(1, self.needs.num_samples)
         if self.needs.num_minibatches > rows:
             from prefzoo.errors import ConfigError
@@ -176,8 +178,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, self.optimizer_steps))
         self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.needs.reward else None
-        self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer), self.reward_fn,
-                                   self.eval_prompts, cfg.eval,
+        self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer),
+                                   evaluation_reward(cfg, self.reward_fn, self.eval_prompts), self.eval_prompts, cfg.eval,
                                    correctness_fn=correctness_function(cfg, self.eval_prompts),
                                    preference_examples=self.prefs.eval if self.prefs else None,
                                    implicit_rewards=(self.algo.implicit_rewards if self.needs.has("implicit_rewards")
@@ -397,6 +399,8 @@ class Trainer:
         while self.step < self.max_steps:
             last = self.train_step()
             self.step += 1
+            for line in self.watch.update(self.step, last) if main else ():
+                log.warning(line)
             self.train_seconds += last.get("time/step", 0.0)
             stop, eval_kl = self.periodic_evaluation(last) if self.evaluation_due() else (False, None)
             kl = last.get("kl", eval_kl) if self.needs.online else eval_kl  # this step's rollouts, else held out

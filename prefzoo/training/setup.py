@@ -287,6 +287,46 @@ def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
             raise ConfigError(f"reward.functions: {err}") from None
 
 
+def reward_chosen(cfg: Config, overrides: list[str] | None = None) -> bool:
+    """Whether the run's reward is the user's choice, not the default that comes with every config (the arithmetic
+    task's exact match): its config differs from :class:`~prefzoo.config.RewardConfig`'s defaults (``reward=sentiment``,
+    ``reward.functions=[...]``, weights, a recipe's reward), or the command line names it (``reward=arithmetic``).
+    ``overrides``: the command line's overrides; None reads the running Hydra job's (none outside Hydra)."""
+    from prefzoo.config import RewardConfig
+
+    if cfg.reward != RewardConfig():
+        return True
+    if overrides is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    keys = [o.partition("=")[0].lstrip("+~") for o in overrides]
+    return any(k == "reward" or k.startswith("reward.") for k in keys)
+
+
+def evaluation_reward(cfg: Config, reward_fn, prompts: PromptSet | None):
+    """The reward the held-out evaluation scores answers with: ``reward_fn``, or None when one of its functions cannot
+    take the held-out prompts' columns (e.g. ``correctness`` on a preference file without an ``answer`` column):
+    then task_reward / sample_reward are left out. A reward the user chose (:func:`reward_chosen`) is named in one
+    warning line; the default reward, which a user's own file need not fit, is left out silently. (Training with a
+    reward that cannot score its prompts fails earlier: :func:`check_reward_columns`.)"""
+    if reward_fn is None or prompts is None or cfg.reward.name == "model":
+        return reward_fn
+    from prefzoo.rewards.registry import check_reward_signature, resolve_reward
+
+    for spec in cfg.reward.functions:
+        try:
+            check_reward_signature(spec, resolve_reward(spec), [c for c in prompts.columns if c != "prompt_text"])
+        except ConfigError as err:
+            if reward_chosen(cfg):
+                log.warning("reward.functions: the evaluation leaves out task_reward and sample_reward on %s: %s",
+                            cfg.data.path or cfg.data.name, " ".join(str(err).split()))
+            else:
+                log.debug("the default reward (%s) does not apply to %s: %s", spec, cfg.data.path, err)
+            return None
+    return reward_fn
+
+
 def correctness_function(cfg: Config, prompts: PromptSet | None):
     """Exact-match function when the prompts carry an ``answer`` column, else None (reasoning-gym tasks: their
     verifier's score of 1, :func:`~prefzoo.rewards.reasoning_gym.reasoning_gym_accuracy`)."""
