@@ -186,8 +186,7 @@ class CausalLMPolicy:
         self.pad_id = tokenizer.pad_token_id
         eos = tokenizer.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
-        self.engine: RolloutEngine = engine if engine is not None else HFEngine(self.eos_token_ids, self.pad_id,
-                                                                                merged_rollout)
+        self.engine: RolloutEngine = engine if engine is not None else HFEngine(merged_rollout)
 
     @property
     def device(self) -> torch.device:
@@ -309,7 +308,8 @@ class CausalLMPolicy:
         ``self.generator``.
         """
         with self.autocast():
-            return self.engine.sample(self.model, prompts, num_samples, params, self.generator)
+            return self.engine.sample(self.model, prompts, num_samples, params, eos_token_ids=self.eos_token_ids,
+                                      pad_id=self.pad_id, generator=self.generator)
 
     def sampling_model(self) -> nn.Module:
         """The module the hf engine's rollouts run: a merged-weights copy of a LoRA policy (``merged_rollout``),

@@ -42,12 +42,14 @@ class RolloutEngine(Protocol):
 
     name: str
 
-    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams,
-               generator: torch.Generator | None = None) -> SequenceBatch:
+    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
+               eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None) -> SequenceBatch:
         """``num_samples`` completions per prompt from ``model`` as it is now (the trained model: a peft model
         under LoRA). An engine that keeps weights of its own brings them up to date with ``model`` first.
 
-        ``generator`` draws the randomness of prompts without a :data:`ROLLOUT_SEED_COLUMN` seed.
+        ``eos_token_ids`` end a completion (the EOS is its last counted token), ``pad_id`` fills after it (the
+        policy's, passed on each call); ``generator`` draws the randomness of prompts without a
+        :data:`ROLLOUT_SEED_COLUMN` seed.
         The result may carry ``sample_logps`` (Shape (B*G, T), the engine's log-probs of its tokens)."""
 
     def close(self) -> None:
@@ -58,16 +60,14 @@ class HFEngine:
     """prefzoo's decode loop (:func:`prefzoo.rollout.generate.sample_completions`) in the trainer's process.
 
     Args:
-        eos_token_ids: ids that end a completion.
-        pad_id: id written after the end.
         merged_rollout: sample from a merged-weights copy of a LoRA model (:mod:`prefzoo.models.merged`), refreshed
             from the adapter before each call; False: the peft model itself.
     """
 
     name = "hf"
 
-    def __init__(self, eos_token_ids: list[int], pad_id: int, merged_rollout: bool = True):
-        self.eos_token_ids, self.pad_id, self.merged_rollout = list(eos_token_ids), pad_id, merged_rollout
+    def __init__(self, merged_rollout: bool = True):
+        self.merged_rollout = merged_rollout
         self._merged = None  # None: not built yet; False: the model cannot be merged
 
     def sampling_model(self, model: nn.Module) -> nn.Module:
@@ -79,8 +79,8 @@ class HFEngine:
         return self._merged.module() if self._merged else model
 
     @torch.no_grad()
-    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams,
-               generator: torch.Generator | None = None) -> SequenceBatch:
+    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
+               eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None) -> SequenceBatch:
         """Prompt i's samples invert uniforms drawn from its own seed when ``prompts.columns`` holds
         :data:`ROLLOUT_SEED_COLUMN` (:func:`prefzoo.rollout.generate.prompt_uniforms`), else from ``generator``."""
         from prefzoo.rollout.generate import prompt_uniforms, sample_completions
@@ -93,7 +93,7 @@ class HFEngine:
         model.eval()
         try:
             batch, _ = sample_completions(self.sampling_model(model), prompts, num_samples, params,
-                                          eos_token_ids=self.eos_token_ids, pad_id=self.pad_id, generator=generator,
+                                          eos_token_ids=list(eos_token_ids), pad_id=pad_id, generator=generator,
                                           uniforms=uniforms)
         finally:
             model.train(was_training)

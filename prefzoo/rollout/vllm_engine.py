@@ -18,7 +18,8 @@ How a rollout goes (:meth:`VLLMEngine.sample`):
    tokenizer: ``skip_tokenizer_init``), one request per prompt with ``n = num_samples``, its seed the prompt's
    :data:`~prefzoo.types.ROLLOUT_SEED_COLUMN` (vLLM gives sample j seed + j) or one drawn from the policy's generator.
 3. **Sampling**: temperature (greedy: 0), top_p, ``max_tokens = max_new_tokens``, ``stop_token_ids`` = the policy's
-   EOS ids (the EOS is kept as the completion's last token, as in the hf engine). Log-probs are vLLM's
+   EOS ids and only those (``ignore_eos`` keeps vLLM from adding the model's generation_config EOS ids; the EOS is
+   kept as the completion's last token, as in the hf engine). Log-probs are vLLM's
    ``processed_logprobs``: after the temperature, as the trainer recomputes them (with top_p < 1 also after the
    nucleus renormalisation, which the trainer does not apply: the mismatch metrics then include it).
 4. **Back**: a :class:`~prefzoo.types.SequenceBatch` in the hf engine's layout, with ``sample_logps``.
@@ -87,7 +88,6 @@ class VLLMEngine:
 
     Args:
         model_dir: a folder vLLM loads the frozen base model from (config.json + safetensors), or a hub id.
-        eos_token_ids: ids that end a completion; pad_id: id written after the end.
         lora_rank: the policy adapter's rank (``model.lora.r``).
         dtype: the engine's weights (``float32``, ``bfloat16``, ``float16``).
         max_model_len: prompt + completion tokens the engine plans for.
@@ -103,7 +103,7 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, model_dir: str | Path, *, eos_token_ids: list[int], pad_id: int, lora_rank: int,
+    def __init__(self, model_dir: str | Path, *, lora_rank: int,
                  dtype: str = "float32", max_model_len: int = 2048, enforce_eager: bool = False,
                  gpu_memory_utilization: float = 0.3, sleep: bool = False, cpu_kv_cache_gib: int = 1,
                  cpu_threads: int = 0, seed: int = 0, work_dir: str | Path | None = None):
@@ -114,7 +114,6 @@ class VLLMEngine:
             raise ModelError(f"rollout.engine=vllm: vLLM is installed but does not import ({err}); build its venv "
                              "with `make setup-vllm` (it removes the torchvision/torchaudio/torchcodec wheels that "
                              "break vLLM's CPU build).") from err
-        self.eos_token_ids, self.pad_id = list(eos_token_ids), pad_id
         self.sleep = sleep
         self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="prefzoo-vllm-"))
         self.adapter_id = 0  # the LoRARequest id of the adapter now served (0: none yet)
@@ -178,11 +177,13 @@ class VLLMEngine:
         return True
 
     # --------------------------------------------------------------- sampling
-    def _request_params(self, params: SamplingParams, num_samples: int, seeds: list[int]):
+    @staticmethod
+    def _request_params(params: SamplingParams, num_samples: int, seeds: list[int], eos_token_ids: list[int]):
         from vllm import SamplingParams as VLLMSamplingParams
 
-        common = dict(n=num_samples, max_tokens=params.max_new_tokens, stop_token_ids=self.eos_token_ids,
-                      logprobs=0, detokenize=False, skip_special_tokens=False)
+        common = dict(n=num_samples, max_tokens=params.max_new_tokens, stop_token_ids=list(eos_token_ids),
+                      logprobs=0, detokenize=False, skip_special_tokens=False,
+                      ignore_eos=True)  # only prefzoo's EOS ids stop (not the model's generation_config ones too)
         if params.greedy:
             common.update(temperature=0.0)
         else:
@@ -190,8 +191,8 @@ class VLLMEngine:
         return [VLLMSamplingParams(seed=int(s) % (2 ** 31), **common) for s in seeds]
 
     @torch.no_grad()
-    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams,
-               generator: torch.Generator | None = None) -> SequenceBatch:
+    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
+               eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None) -> SequenceBatch:
         """``num_samples`` completions per prompt from ``model``'s current adapter (synced first if it changed)."""
         from vllm.inputs import TokensPrompt
 
@@ -206,7 +207,7 @@ class VLLMEngine:
         requests = [TokensPrompt(prompt_token_ids=ids[i][mask[i]].tolist()) for i in range(n_prompts)]
         self._wake()
         try:
-            outputs = self.llm.generate(requests, self._request_params(params, num_samples, list(seeds)),
+            outputs = self.llm.generate(requests, self._request_params(params, num_samples, list(seeds), eos_token_ids),
                                         use_tqdm=False, lora_request=self._lora)
         finally:
             self._go_to_sleep()
@@ -220,9 +221,9 @@ class VLLMEngine:
                 completions.append(tokens)
                 logps.append([next(iter(lp.values())).logprob if lp else 0.0 for lp in (c.logprobs or [])]
                              if c.logprobs is not None else [0.0] * len(tokens))
-                finished.append(bool(tokens) and tokens[-1] in self.eos_token_ids)
+                finished.append(bool(tokens) and tokens[-1] in eos_token_ids)
         width = max((len(t) for t in completions), default=0)
-        tokens = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        tokens = torch.full((rows, width), pad_id, dtype=torch.long)
         token_logps = torch.zeros((rows, width), dtype=torch.float32)
         lengths = torch.zeros(rows, dtype=torch.long)
         for r, (t, lp) in enumerate(zip(completions, logps)):

@@ -202,9 +202,7 @@ def build_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):
         tokenizer.save_pretrained(model_dir)
     else:
         model_dir = m.name
-    eos = tokenizer.eos_token_id
-    engine = VLLMEngine(model_dir, eos_token_ids=[eos] if isinstance(eos, int) else list(eos),
-                        pad_id=tokenizer.pad_token_id, lora_rank=m.lora.r, dtype=v.dtype or m.dtype,
+    engine = VLLMEngine(model_dir, lora_rank=m.lora.r, dtype=v.dtype or m.dtype,
                         max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
                         gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep,
                         cpu_kv_cache_gib=v.cpu_kv_cache_gib, cpu_threads=v.cpu_threads or cfg.trainer.num_threads,

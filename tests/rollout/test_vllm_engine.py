@@ -51,7 +51,8 @@ def prompts(trainer, rows, seeds=None):
 def greedy(policy, engine, batch, tokens=8):
     from prefzoo.types import SamplingParams
 
-    return engine.sample(policy.model, batch, 1, SamplingParams(max_new_tokens=tokens, greedy=True), policy.generator)
+    return engine.sample(policy.model, batch, 1, SamplingParams(max_new_tokens=tokens, greedy=True),
+                         eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, generator=policy.generator)
 
 
 def test_the_policy_samples_through_vllm(trainer):
@@ -99,7 +100,7 @@ def test_grpo_steps_log_the_mismatch_and_the_engine_follows_every_update(trainer
     from prefzoo.rollout.engine import HFEngine
 
     policy = trainer.policy
-    hf = HFEngine(policy.eos_token_ids, policy.pad_id, merged_rollout=False)
+    hf = HFEngine(merged_rollout=False)
     batch = prompts(trainer, [0, 1, 2, 3])
     before = greedy(policy, hf, batch).completion_ids
     syncs = policy.engine.syncs
