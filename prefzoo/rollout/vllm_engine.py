@@ -181,7 +181,8 @@ class VLLMEngine:
     def _request_params(params: SamplingParams, num_samples: int, seeds: list[int], eos_token_ids: list[int]):
         from vllm import SamplingParams as VLLMSamplingParams
 
-        common = dict(n=num_samples, max_tokens=params.max_new_tokens, stop_token_ids=list(eos_token_ids),
+        stop = [int(i) for i in eos_token_ids if int(i) >= 0]  # (a negative id, "never stop", is never sampled)
+        common = dict(n=num_samples, max_tokens=params.max_new_tokens, stop_token_ids=stop,
                       logprobs=0, detokenize=False, skip_special_tokens=False,
                       ignore_eos=True)  # only prefzoo's EOS ids stop (not the model's generation_config ones too)
         if params.greedy:
