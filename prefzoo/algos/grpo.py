@@ -54,8 +54,8 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.sampled import (AGGREGATION_OF, check_rollout_settings, drift_metrics,  # noqa: F401 (re-exported)
-                                   rollout_declaration, sample_and_score)
+from prefzoo.algos.sampled import (AGGREGATION_OF, check_rollout_settings, corrected_advantages,  # noqa: F401
+                                   drift_metrics, rollout_declaration, sample_and_score)  # (AGGREGATION_OF re-exported)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (ADVANTAGE_SCALES, clipped_surrogate_loss, group_advantages, kl_loss, kl_penalty_rewards,
                                masked_sum, ratio_statistics)
@@ -128,6 +128,7 @@ class GRPO(Algorithm):
         old_logps = r.logps if self.stores_old_logps() else None
         ref_logps, metrics = r.ref_logps, r.metrics
         token_advantages = torch.where(mask, advantages[:, None].float(), torch.zeros((), device=mask.device))
+        token_advantages = corrected_advantages(token_advantages, r.is_weights)  # rollout.is_correction_cap
         return Experience.from_samples(samples, rewards=rewards, advantages=token_advantages, loss_mask=loss_mask,
                                        old_logps=old_logps, ref_logps=ref_logps), metrics
 

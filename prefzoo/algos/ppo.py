@@ -59,6 +59,7 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.algos.sampled import corrected_advantages, engine_correction
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (add_sequence_reward, clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
                                kl_loss, kl_penalty_rewards, masked_mean, masked_sum, masked_whiten, ratio_statistics,
@@ -147,6 +148,9 @@ class PPO(Algorithm):
         advantages, returns = gae(token_rewards, old_values, mask, c.gae_gamma, c.gae_lambda)
         if c.whiten_advantages:
             advantages = masked_whiten(advantages, mask, all_reduce=self.all_reduce)  # global stats under DP
+        # a rollout engine's own log-probs (rollout.engine=vllm): mismatch metrics, truncated IS weights
+        is_weights, engine_metrics = engine_correction(samples, old_logps, self.sampling.is_correction_cap)
+        advantages = corrected_advantages(advantages, is_weights)
 
         lengths = mask.sum(-1).float()
         metrics = {
@@ -164,6 +168,7 @@ class PPO(Algorithm):
         }
         if c.entropy_coef:
             metrics["entropy_bonus"] = bonus.sum(-1).mean().item()
+        metrics.update(engine_metrics)
         return Experience.from_samples(samples, rewards=scores, advantages=advantages, loss_mask=mask,
                                        old_logps=old_logps, ref_logps=ref_logps, old_values=old_values,
                                        returns=returns), metrics

@@ -40,8 +40,8 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.sampled import (add_kl_loss, check_rollout_settings, rollout_declaration, sample_and_score,
-                                   update_metrics)
+from prefzoo.algos.sampled import (add_kl_loss, check_rollout_settings, corrected_advantages, rollout_declaration,
+                                   sample_and_score, update_metrics)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (add_sequence_reward, clipped_surrogate_loss, gae, group_advantages, kl_penalty_rewards,
                                masked_var, masked_whiten)
@@ -107,7 +107,8 @@ class ReinforcePP(Algorithm):
         loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
         metrics = dict(r.metrics, non_score_reward=penalty.sum(-1).mean().item(),
                        return_std=float(masked_var(returns, mask)) ** 0.5)
-        return Experience.from_samples(r.samples, rewards=r.rewards, advantages=advantages.float(), loss_mask=loss_mask,
+        advantages = corrected_advantages(advantages.float(), r.is_weights)  # rollout.is_correction_cap
+        return Experience.from_samples(r.samples, rewards=r.rewards, advantages=advantages, loss_mask=loss_mask,
                                        old_logps=r.logps if several else None, ref_logps=r.ref_logps), metrics
 
     def loss(self, policy: Policy, batch: Experience) -> LossOutput:

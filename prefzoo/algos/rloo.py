@@ -41,8 +41,8 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.sampled import (add_kl_loss, check_rollout_settings, rollout_declaration, sample_and_score,
-                                   update_metrics)
+from prefzoo.algos.sampled import (add_kl_loss, check_rollout_settings, corrected_advantages, rollout_declaration,
+                                   sample_and_score, update_metrics)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (clipped_surrogate_loss, kl_penalty_rewards, leave_one_out_advantages,
                                weighted_policy_gradient_loss)
@@ -109,6 +109,7 @@ class RLOO(Algorithm):
         loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
         metrics = dict(r.metrics, non_score_reward=(shaped - r.rewards).mean().item())
         token_advantages = torch.where(mask, advantages[:, None], torch.zeros((), device=mask.device))
+        token_advantages = corrected_advantages(token_advantages, r.is_weights)  # rollout.is_correction_cap
         return Experience.from_samples(r.samples, rewards=r.rewards, advantages=token_advantages, loss_mask=loss_mask,
                                        old_logps=r.logps if several else None, ref_logps=r.ref_logps), metrics
 

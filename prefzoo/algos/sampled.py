@@ -5,7 +5,9 @@ Not a plugin: :func:`sample_and_score` samples G completions per prompt, scores 
 plugin asks for and returns the metrics of the shared online schema; :func:`update_metrics` is the loss side
 (clip, ratio, drift, entropy as (sum, count) pairs) and :func:`add_kl_loss` the "as_loss" KL term;
 :func:`check_rollout_settings` and :func:`rollout_declaration` the settings and the declaration those plugins have
-in common (loss aggregation, epochs x mini-batches, policy clip, the reference they need).
+in common (loss aggregation, epochs x mini-batches, policy clip, the reference they need);
+:func:`engine_correction` the rollout engine's mismatch metrics and truncated importance-sampling weights, which
+:func:`corrected_advantages` applies (every online plugin, PPO included).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from torch import Tensor
 
 from prefzoo.algos.base import Declaration, MetricWarning
 from prefzoo.errors import ConfigError
-from prefzoo.objective import kl_loss, masked_sum, ratio_statistics, sequence_kl
+from prefzoo.objective import (kl_loss, masked_sum, ratio_statistics, sampler_mismatch, sequence_kl,
+                               truncated_is_weights)
 from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch
 
 __all__ = ["AGGREGATION_OF", "Rollout", "drift_metrics", "sample_and_score", "update_metrics", "add_kl_loss",
-           "check_rollout_settings", "rollout_declaration", "zero_spread_warning", "ZERO_SPREAD_STEPS"]
+           "check_rollout_settings", "rollout_declaration", "zero_spread_warning", "ZERO_SPREAD_STEPS",
+           "engine_correction", "corrected_advantages"]
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
 #: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
@@ -93,7 +97,10 @@ class Rollout:
         logps: Shape (B, T), log pi at sampling time (no grad) when asked for, else None.
         ref_logps: Shape (B, T), log pi_ref when the run has a reference, else None.
         metrics: ``reward``, ``reward_std``, drift (``kl``, ``kl_k1``, ``kl_k3``: KL(pi || pi_ref) per sequence,
-            nats, when both log-probs exist), ``frac_zero_std_groups``, lengths, truncation, timings.
+            nats, when both log-probs exist), ``frac_zero_std_groups``, lengths, truncation, timings; with a rollout
+            engine that reports its log-probs, the mismatch (:func:`engine_correction`).
+        is_weights: Shape (B, T), the truncated importance-sampling weights of the engine's samples
+            (``sampling.is_correction_cap`` set and the engine reported log-probs), else None.
     """
 
     samples: SequenceBatch
@@ -101,21 +108,66 @@ class Rollout:
     logps: Tensor | None
     ref_logps: Tensor | None
     metrics: dict[str, float]
+    is_weights: Tensor | None = None
+
+
+def engine_correction(samples: SequenceBatch, logps: Tensor, cap: float | None
+                      ) -> tuple[Tensor | None, dict[str, float]]:
+    """The engine/trainer mismatch of a rollout and, with ``cap``, its truncated importance-sampling weights.
+
+    ``samples.sample_logps`` are the log-probs the rollout engine sampled with (None for the hf engine, which is the
+    trainer's own model: then nothing to report); ``logps`` the trainer's recomputation at sampling time (no grad,
+    the sampling temperature), Shape (B, T). Metrics, in nats per token over the counted tokens:
+    ``engine/logp_diff_mean`` and ``engine/logp_diff_max`` (mean and max |log pi_trainer - log pi_engine|),
+    ``engine/logp_diff_signed``; with ``cap``, ``engine/is_weight_mean``, ``engine/is_weight_min`` and
+    ``engine/is_weight_capped`` (the share of tokens whose weight is the cap).
+
+    Returns:
+        (weights Shape (B, T) or None without ``cap``, metrics); (None, {}) when the engine reported no log-probs.
+    """
+    if samples.sample_logps is None:
+        return None, {}
+    mask = samples.completion_mask
+    metrics = {f"engine/{k}": v for k, v in sampler_mismatch(logps, samples.sample_logps, mask).items()}
+    if cap is None:
+        return None, metrics
+    weights = truncated_is_weights(logps, samples.sample_logps, mask, cap)
+    n = max(int(mask.sum()), 1)
+    metrics.update({"engine/is_weight_mean": float(weights[mask].sum() / n),
+                    "engine/is_weight_min": float(weights[mask].min()) if mask.any() else 1.0,
+                    "engine/is_weight_capped": float((weights[mask] >= cap).sum() / n)})
+    return weights, metrics
+
+
+def corrected_advantages(advantages: Tensor, is_weights: Tensor | None) -> Tensor:
+    """Per-token advantages times the truncated importance-sampling weights (unchanged when None).
+
+    For a loss linear in the advantage with a positive factor (the clipped surrogate, REINFORCE, CISPO) this is the
+    truncated IS correction of the loss itself (:func:`prefzoo.objective.truncated_is_weights`); the KL term is not
+    weighted (as in TRL). Shape (B, T) -> (B, T)."""
+    return advantages if is_weights is None else advantages * is_weights.to(advantages.dtype)
 
 
 def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_samples: int, sampling: SamplingParams,
                      need_logps: bool) -> Rollout:
     """Sample ``num_samples`` completions per prompt with ``sampling``, score them, and (without gradients) compute
-    log pi at sampling time if ``need_logps`` and log pi_ref if the policy has a reference."""
+    log pi at sampling time if ``need_logps`` and log pi_ref if the policy has a reference.
+
+    When the rollout engine reports its own log-probs (``samples.sample_logps``: ``rollout.engine=vllm``), log pi at
+    sampling time is computed whatever ``need_logps`` (one no-grad pass) for the mismatch metrics and, with
+    ``sampling.is_correction_cap``, the rollout's ``is_weights`` (:func:`engine_correction`)."""
     t0 = time.perf_counter()
     samples = policy.sample(prompts, num_samples, sampling)
     t1 = time.perf_counter()
     rewards = score(samples, prompts).float()
     mask = samples.completion_mask
+    need_logps = need_logps or samples.sample_logps is not None
     logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
     ref_logps = policy.ref_logps(samples, sampling.temperature) if policy.reference is not None else None
     t2 = time.perf_counter()
     metrics = drift_metrics(logps, ref_logps, mask) if logps is not None and ref_logps is not None else {}
+    is_weights, engine_metrics = engine_correction(samples, logps, sampling.is_correction_cap)
+    metrics.update(engine_metrics)
     lengths = mask.sum(-1).float()
     grouped = rewards.view(-1, num_samples)
     metrics.update({
@@ -126,7 +178,7 @@ def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_sa
         "generated_tokens_per_second": int(mask.sum()) / max(t1 - t0, 1e-9),
         "time/generation": t1 - t0, "time/scoring_and_ref": t2 - t1,
     })
-    return Rollout(samples, rewards, logps, ref_logps, metrics)
+    return Rollout(samples, rewards, logps, ref_logps, metrics, is_weights)
 
 
 def update_metrics(logps: Tensor, old_logps: Tensor, mask: Tensor, clipped: Tensor, entropy: Tensor | None,

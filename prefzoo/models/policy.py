@@ -25,7 +25,8 @@ Two ways to the log-probs, equal up to float rounding (``tests/perf/test_policy_
   otherwise, and for data-parallel forwards (which must go through the DDP wrapper), the plain path runs.
 
 The reference pass runs under ``torch.inference_mode`` (no autograd bookkeeping at all), in the same layout.
-Sampling uses a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`) when ``merged_rollout``.
+Sampling goes through the policy's rollout engine (:mod:`prefzoo.rollout.engine`): prefzoo's decode loop by default,
+on a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`) when ``merged_rollout``; or vLLM.
 ``compute_dtype`` (e.g. ``torch.bfloat16``) runs the forwards under CPU/GPU autocast; log-probs stay float32.
 """
 
@@ -39,11 +40,12 @@ import logging
 import torch
 from torch import Tensor, nn
 
-from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.errors import ModelError
 from prefzoo.models.reference import Reference
 from prefzoo.objective import linear_token_logps, token_entropy, token_logps
-from prefzoo.rollout.generate import _CACHE, position_ids_from_mask, prompt_uniforms, sample_completions
+from prefzoo.rollout.engine import HFEngine, RolloutEngine
+from prefzoo.rollout.generate import _CACHE, position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,8 @@ class CausalLMPolicy:
         head_chunk_size: (fused path) positions per chunk of the output layer.
         merged_rollout: sample from a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`).
         compute_dtype: run forwards under autocast to this dtype (e.g. ``torch.bfloat16``); None: the weights'.
+        engine: what draws the samples (:mod:`prefzoo.rollout.engine`); None: :class:`~prefzoo.rollout.engine.HFEngine`
+            (with ``merged_rollout``).
 
     Data parallelism: the training loop sets ``train_forward`` to a wrapper (DDP over the trainable modules,
     see :mod:`prefzoo.training.distributed`) called as ``train_forward("policy", **model_kwargs)`` or
@@ -164,7 +168,8 @@ class CausalLMPolicy:
     def __init__(self, model: nn.Module, tokenizer, reference: Reference | None = None,
                  value_model: nn.Module | None = None, logits_chunk_size: int | None = 64,
                  generator: torch.Generator | None = None, fused_logps: bool = True, share_prompts: bool = True,
-                 head_chunk_size: int = 256, merged_rollout: bool = True, compute_dtype: torch.dtype | None = None):
+                 head_chunk_size: int = 256, merged_rollout: bool = True, compute_dtype: torch.dtype | None = None,
+                 engine: RolloutEngine | None = None):
         self.model = model
         self.fused_logps = fused_logps
         self.share_prompts = share_prompts
@@ -172,7 +177,6 @@ class CausalLMPolicy:
         self.merged_rollout = merged_rollout
         self.compute_dtype = compute_dtype
         self._fused_ok: dict[int, bool] = {}  # id(module) -> whether its logits are head(body(...))
-        self._merged = None
         self.tokenizer = tokenizer
         self.reference = reference
         self.value_model = value_model
@@ -182,6 +186,7 @@ class CausalLMPolicy:
         self.pad_id = tokenizer.pad_token_id
         eos = tokenizer.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
+        self.engine: RolloutEngine = engine if engine is not None else HFEngine(merged_rollout)
 
     @property
     def device(self) -> torch.device:
@@ -295,35 +300,23 @@ class CausalLMPolicy:
 
     @torch.no_grad()
     def sample(self, prompts: PromptBatch, num_samples: int, params: SamplingParams) -> SequenceBatch:
-        """``num_samples`` completions per prompt from the current policy (see :mod:`prefzoo.rollout`).
+        """``num_samples`` completions per prompt from the current policy, drawn by its engine (``self.engine``,
+        see :mod:`prefzoo.rollout.engine`).
 
-        When ``prompts.columns`` holds :data:`ROLLOUT_SEED_COLUMN`, prompt i's samples invert uniforms drawn
-        from a generator seeded with its seed alone (:func:`prefzoo.rollout.generate.prompt_uniforms`): the
-        same prompt and seed give the same samples whatever else is in the batch. Otherwise they come from
+        When ``prompts.columns`` holds :data:`ROLLOUT_SEED_COLUMN`, prompt i's samples depend on its seed alone:
+        the same prompt and seed give the same samples whatever else is in the batch. Otherwise they come from
         ``self.generator``.
         """
-        seeds = prompts.columns.get(ROLLOUT_SEED_COLUMN)
-        uniforms = None
-        if seeds is not None and not params.greedy:
-            uniforms = prompt_uniforms(list(seeds), num_samples, params.max_new_tokens, prompts.prompt_ids.device)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self.autocast():
-                batch, _ = sample_completions(self.sampling_model(), prompts, num_samples, params,
-                                              eos_token_ids=self.eos_token_ids, pad_id=self.pad_id,
-                                              generator=self.generator, uniforms=uniforms)
-        finally:
-            self.model.train(was_training)
-        return batch
+        with self.autocast():
+            return self.engine.sample(self.model, prompts, num_samples, params, eos_token_ids=self.eos_token_ids,
+                                      pad_id=self.pad_id, generator=self.generator)
 
     def sampling_model(self) -> nn.Module:
-        """The module rollouts run: a merged-weights copy of a LoRA policy (``merged_rollout``), else the model."""
-        if self.merged_rollout and self._merged is None:
-            from prefzoo.models.merged import MergedCopy, can_merge
-
-            self._merged = MergedCopy(self.model) if can_merge(self.model) else False
-        return self._merged.module() if self._merged else self.model
+        """The module the hf engine's rollouts run: a merged-weights copy of a LoRA policy (``merged_rollout``),
+        else the model."""
+        if isinstance(self.engine, HFEngine):
+            return self.engine.sampling_model(self.model)
+        return self.model
 
 
 @torch.no_grad()

@@ -4,6 +4,8 @@
 - :func:`gspo_token_log_ratio`: GSPO-token's per-token ratio, the value of s_i with a per-token gradient.
 - :func:`clipped_is_weight`: CISPO's clipped importance-sampling weight, detached (MiniMax-M1 2025).
 - :func:`weighted_policy_gradient_loss`: -sg(w) A log pi per token (CISPO; REINFORCE when w = 1).
+- :func:`sampler_mismatch` / :func:`truncated_is_weights`: how far a rollout engine's log-probs are from the
+  trainer's, and the truncated importance-sampling weights that correct for it (Yao et al. 2025).
 
 Both ratios are LOG-ratios against a zero "old" log-prob, so PPO's clipped surrogate
 (:func:`prefzoo.objective.clipped_surrogate_loss` with ``old_logps = 0``) clips them unchanged.
@@ -15,7 +17,8 @@ import torch
 
 from .errors import ObjectiveError, check_mask, check_ndim, check_number, check_same_shape
 
-__all__ = ["sequence_log_ratio", "gspo_token_log_ratio", "clipped_is_weight", "weighted_policy_gradient_loss"]
+__all__ = ["sequence_log_ratio", "gspo_token_log_ratio", "clipped_is_weight", "weighted_policy_gradient_loss",
+           "sampler_mismatch", "truncated_is_weights"]
 
 
 def _is_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -133,3 +136,56 @@ def weighted_policy_gradient_loss(logps: torch.Tensor, advantages: torch.Tensor,
         coeff = coeff * weights.detach().to(logps.dtype)
     loss = -coeff * logps
     return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+
+
+def sampler_mismatch(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the log-probs a rollout engine reported are from the trainer's recomputation, per token.
+
+        delta_t = old_logps_t - sampler_logps_t        (log pi_trainer_old - log pi_engine, on counted tokens)
+
+    Returns ``logp_diff_mean`` (mean |delta| over the counted tokens), ``logp_diff_max`` (max |delta|) and
+    ``logp_diff_signed`` (mean delta), in nats per token; all 0 when no token counts. DETACHED.
+
+    Shape: old_logps, sampler_logps (B, T) float, mask (B, T) bool -> {name: float}.
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool.
+
+    Source: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training" (the
+    sampler/trainer gap); TRL's ``sampling/sampling_logp_difference/{mean,max}``.
+    """
+    with torch.no_grad():
+        delta = _is_log_ratio(old_logps.float(), sampler_logps.float(), mask)
+        n = int(mask.sum())
+        if n == 0:
+            return {"logp_diff_mean": 0.0, "logp_diff_max": 0.0, "logp_diff_signed": 0.0}
+        return {"logp_diff_mean": float(delta.abs().sum() / n), "logp_diff_max": float(delta.abs().max()),
+                "logp_diff_signed": float(delta.sum() / n)}
+
+
+def truncated_is_weights(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, cap: float
+                         ) -> torch.Tensor:
+    """Truncated importance-sampling weights of a rollout drawn by an engine other than the trainer, DETACHED.
+
+        w_t = min( pi_trainer_old(y_t) / pi_engine(y_t), C ) = min( exp(old_logps_t - sampler_logps_t), C )
+
+    The samples come from pi_engine, while the update's surrogate assumes pi_trainer_old; weighting each token's
+    loss by w_t corrects the expectation, and the cap C bounds the variance. Because w_t >= 0, weighting a
+    per-token loss linear in the advantage (PPO's clipped surrogate: -min(rho A, clip(rho) A), REINFORCE, CISPO's
+    -sg(r) A log pi) equals multiplying the advantage by w_t: min(rho w A, clip(rho) w A) = w min(rho A, clip(rho) A).
+    w = 1 at masked positions.
+
+    Shape: old_logps, sampler_logps (B, T) float, mask (B, T) bool -> (B, T) float32.
+    Units: dimensionless.
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool; cap not > 0.
+
+    Source: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training" (truncated
+    importance sampling, TIS); TRL's ``vllm_importance_sampling_correction`` / ``vllm_importance_sampling_cap``.
+    """
+    c = check_number("cap", cap, low=0.0, strict_low=True, hint="the largest weight a token may get, e.g. 2.0")
+    with torch.no_grad():
+        delta = _is_log_ratio(old_logps.float(), sampler_logps.float(), mask)
+        weights = delta.exp().clamp(max=c)
+        return torch.where(mask, weights, torch.ones_like(weights))

@@ -132,7 +132,8 @@ class Trainer:
         algo_cls = algorithm_class(cfg.algo)
         self.objective = resolve_objective(cfg)
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                       max_new_tokens=cfg.rollout.max_new_tokens)
+                                       max_new_tokens=cfg.rollout.max_new_tokens,
+                                       is_correction_cap=cfg.rollout.is_correction_cap)
         self.algo: Algorithm = algo_cls(cfg.algo, self.objective, self.sampling)
         self.needs: Declaration = self.algo.declaration
         self.tokenizer = load_tokenizer(cfg.model.name)

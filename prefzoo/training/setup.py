@@ -8,6 +8,7 @@ a value head only when it declares one, no preference pairs for online algorithm
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,7 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
     start = time.perf_counter()
     m = cfg.model
     model = build_base_model(cfg, tokenizer, device)
+    engine = build_engine(cfg, model, tokenizer) if cfg.rollout.engine == "vllm" else None  # (the base, unwrapped)
     model = wrap_trainable(model, m.lora, quantized=m.quantization == "4bit", adapter_path=m.adapter_path,
                            gradient_checkpointing=m.gradient_checkpointing)
     model.train()
@@ -227,8 +229,45 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
     policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen, fused_logps=fast.fused_logps,
                             share_prompts=fast.share_prompts, head_chunk_size=fast.head_chunk_size,
                             merged_rollout=fast.merged_rollout,
-                            compute_dtype=getattr(torch, m.compute_dtype) if m.compute_dtype else None)
+                            compute_dtype=getattr(torch, m.compute_dtype) if m.compute_dtype else None,
+                            engine=engine)
     return Built(policy, model, tokenizer, time.perf_counter() - start)
+
+
+def build_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):
+    """The vLLM rollout engine (``rollout.engine=vllm``, :mod:`prefzoo.rollout.vllm_engine`) on the run's base model.
+
+    vLLM loads the frozen base from a folder: SmolLM2's converted cache folder, a local model folder or hub id as
+    given, or -- model=tiny, random weights made here -- ``base_model`` saved with the tokenizer into the engine's
+    work folder. Called before LoRA wraps ``base_model``.
+
+    Raises:
+        ConfigError: data parallelism (one engine per process is not supported yet).
+    """
+    from prefzoo.models.loading import smollm2_local_dir
+    from prefzoo.rollout.vllm_engine import VLLMEngine
+    from prefzoo.training.distributed import launched_world_size
+
+    if launched_world_size() > 1:
+        raise ConfigError("rollout.engine=vllm runs one engine beside one trainer process; data parallelism is not "
+                          "supported with it yet. Launch one process, or use rollout.engine=hf.")
+    m, v = cfg.model, cfg.rollout.vllm
+    work_dir = Path(tempfile.mkdtemp(prefix="prefzoo-vllm-"))
+    if m.name == "smollm2":
+        model_dir = str(smollm2_local_dir())
+    elif m.name == "tiny":
+        model_dir = str(work_dir / "base")
+        base_model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    else:
+        model_dir = m.name
+    engine = VLLMEngine(model_dir, lora_rank=m.lora.r, dtype=v.dtype or m.dtype,
+                        max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
+                        gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep,
+                        cpu_kv_cache_gib=v.cpu_kv_cache_gib, cpu_threads=v.cpu_threads or cfg.trainer.num_threads,
+                        seed=cfg.trainer.seed if v.seed is None else v.seed, work_dir=work_dir)
+    log.info("rollout engine: vLLM on %s (started in %.0f s)", model_dir, engine.start_seconds)
+    return engine
 
 
 def build_reward(cfg: Config):

@@ -1,0 +1,103 @@
+"""Rollout engines: what draws a policy's completions (``rollout.engine=hf|vllm``).
+
+Every online plugin samples through :meth:`prefzoo.types.Policy.sample`; :class:`~prefzoo.models.policy.CausalLMPolicy`
+hands the call to its engine, so a plugin never knows which engine drew its rollout. An engine takes token ids
+and gives token ids back (no second tokenisation), in the layout of :func:`prefzoo.rollout.generate.sample_completions`:
+rows [i*G, (i+1)*G) answer prompt i, completions right-padded after the first EOS (the EOS counted), rows
+without EOS ``truncated``.
+
+* :class:`HFEngine` (``hf``, the default): prefzoo's own decode loop on the trained model (or its merged-weights
+  copy, :mod:`prefzoo.models.merged`), in the trainer's process; its samples are the trainer's own, so it reports
+  no log-probs of its own (``sample_logps`` stays None).
+* :class:`prefzoo.rollout.vllm_engine.VLLMEngine` (``vllm``, optional): vLLM's offline ``LLM`` beside the trainer,
+  fed the LoRA adapter after every optimizer step; it fills ``sample_logps`` with the log-probs it sampled with,
+  from which the rollout's engine/trainer mismatch is logged and, with ``rollout.is_correction_cap``, corrected
+  (:func:`prefzoo.objective.truncated_is_weights`).
+
+Per-prompt seeds (:data:`prefzoo.types.ROLLOUT_SEED_COLUMN`) make prompt i's samples depend on its seed alone,
+in both engines (each engine has its own random stream: the same seed does not give the same samples in both).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
+
+__all__ = ["RolloutEngine", "HFEngine", "ENGINES"]
+
+ENGINES = ("hf", "vllm")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What draws completions for a policy.
+
+    Attributes:
+        name: ``hf`` or ``vllm`` (``rollout.engine``).
+    """
+
+    name: str
+
+    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
+               eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None) -> SequenceBatch:
+        """``num_samples`` completions per prompt from ``model`` as it is now (the trained model: a peft model
+        under LoRA). An engine that keeps weights of its own brings them up to date with ``model`` first.
+
+        ``eos_token_ids`` end a completion (the EOS is its last counted token), ``pad_id`` fills after it (the
+        policy's, passed on each call); ``generator`` draws the randomness of prompts without a
+        :data:`ROLLOUT_SEED_COLUMN` seed.
+        The result may carry ``sample_logps`` (Shape (B*G, T), the engine's log-probs of its tokens)."""
+
+    def close(self) -> None:
+        """Free what the engine holds (processes, memory); a no-op for an in-process engine."""
+
+
+class HFEngine:
+    """prefzoo's decode loop (:func:`prefzoo.rollout.generate.sample_completions`) in the trainer's process.
+
+    Args:
+        merged_rollout: sample from a merged-weights copy of a LoRA model (:mod:`prefzoo.models.merged`), refreshed
+            from the adapter before each call; False: the peft model itself.
+    """
+
+    name = "hf"
+
+    def __init__(self, merged_rollout: bool = True):
+        self.merged_rollout = merged_rollout
+        self._merged = None  # None: not built yet; False: the model cannot be merged
+
+    def sampling_model(self, model: nn.Module) -> nn.Module:
+        """The module rollouts run: a merged-weights copy of a LoRA ``model`` (``merged_rollout``), else ``model``."""
+        if self.merged_rollout and self._merged is None:
+            from prefzoo.models.merged import MergedCopy, can_merge
+
+            self._merged = MergedCopy(model) if can_merge(model) else False
+        return self._merged.module() if self._merged else model
+
+    @torch.no_grad()
+    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
+               eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None) -> SequenceBatch:
+        """Prompt i's samples invert uniforms drawn from its own seed when ``prompts.columns`` holds
+        :data:`ROLLOUT_SEED_COLUMN` (:func:`prefzoo.rollout.generate.prompt_uniforms`), else from ``generator``."""
+        from prefzoo.rollout.generate import prompt_uniforms, sample_completions
+
+        seeds = prompts.columns.get(ROLLOUT_SEED_COLUMN)
+        uniforms = None
+        if seeds is not None and not params.greedy:
+            uniforms = prompt_uniforms(list(seeds), num_samples, params.max_new_tokens, prompts.prompt_ids.device)
+        was_training = model.training
+        model.eval()
+        try:
+            batch, _ = sample_completions(self.sampling_model(model), prompts, num_samples, params,
+                                          eos_token_ids=list(eos_token_ids), pad_id=pad_id, generator=generator,
+                                          uniforms=uniforms)
+        finally:
+            model.train(was_training)
+        return batch
+
+    def close(self) -> None:
+        self._merged = None

@@ -1,0 +1,60 @@
+"""Choosing the rollout engine (issue 18): ``rollout.engine=hf|vllm`` is checked before any model loads.
+
+These run in the normal venv, where vLLM is not installed (the engine's own tests are in
+tests/rollout/test_vllm_engine.py, marker ``vllm``, run by ``make test-vllm`` in .venv-vllm).
+"""
+
+import importlib.util
+
+import pytest
+
+from prefzoo import cli
+from prefzoo.training import loop, setup
+from tests.test_config import composed
+
+NO_VLLM = importlib.util.find_spec("vllm") is None
+
+
+def _run_until_error(monkeypatch, capsys, *overrides) -> str:
+    """``cli.run_from_hydra`` on the composed config with the model and tokenizer loaders and the Trainer replaced by
+    tripwires: the one-line stderr of the exit-2 error that stopped it before any of them ran."""
+    def tripwire(*_a, **_k):
+        raise AssertionError("a model or tokenizer was loaded / the trainer was built before the engine was checked")
+
+    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loop, "Trainer", tripwire)
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_from_hydra(composed("model=tiny", "algo=grpo", *overrides))
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.skipif(not NO_VLLM, reason="vLLM is installed here: the install hint cannot show")
+def test_vllm_engine_without_vllm_fails_before_any_model_loads_with_the_install_command(monkeypatch, capsys):
+    """Without vLLM, rollout.engine=vllm stops at the configuration with one line that gives the pip command.
+    Before the check existed: Hydra rejected the unknown key rollout.engine (no install command)."""
+    err = _run_until_error(monkeypatch, capsys, "rollout.engine=vllm")
+    assert err.startswith("prefzoo: error: rollout.engine=vllm needs vLLM, which is not installed")
+    assert "pip install 'prefzoo[vllm]'" in err and "pip install vllm" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["rollout.engine=sglang"], "rollout.engine='sglang' is not valid; choose one of: hf, vllm"),
+    (["rollout.is_correction_cap=2.0"], "rollout.engine=hf samples with the trainer's own model"),
+    (["rollout.engine=vllm", "rollout.is_correction_cap=0"], "rollout.is_correction_cap=0.0 is invalid"),
+])
+def test_bad_engine_settings_fail_before_any_model_loads(monkeypatch, capsys, overrides, needle):
+    """The engine's name and the correction cap are checked with the rest of the config (the cap's check comes
+    before the install check, so it shows with or without vLLM)."""
+    err = _run_until_error(monkeypatch, capsys, *overrides)
+    assert err.startswith("prefzoo: error: ") and needle in err and err.count("\n") == 1
+
+
+def test_hf_stays_the_default_engine():
+    """No override: the typed config's engine is hf, no correction (today's behaviour)."""
+    from prefzoo.cli import to_typed
+
+    typed = to_typed(composed("model=tiny", "algo=grpo"))
+    assert typed.rollout.engine == "hf" and typed.rollout.is_correction_cap is None
