@@ -50,6 +50,7 @@ class FastPathConfig:
     fused_lora: bool = True  # LoRA linear layers with a fused forward/backward (prefzoo.models.fast_lora)
     gqa_attention: bool = True  # grouped-query attention without copying K/V on CPU (prefzoo.models.attention)
     merged_rollout: bool = True  # sample from a merged-weights copy of the LoRA policy (prefzoo.models.merged)
+    padding_free: bool = True  # offline plugins: each batch's rows packed into one sequence (prefzoo.models.packing)
 
 
 @dataclass

@@ -24,6 +24,11 @@ Two ways to the log-probs, equal up to float rounding (``tests/perf/test_policy_
   state, which is checked once per model on a short input (it is not, e.g., for logit soft-capping models);
   otherwise, and for data-parallel forwards (which must go through the DDP wrapper), the plain path runs.
 
+Padding-free (``padding_free=True``, ``model.fast.padding_free`` for offline plugins): either path runs the batch
+as ONE packed row of its real tokens (:mod:`prefzoo.models.packing`: rows sharing a prompt keep it once, each row
+attends only to its own tokens), then gathers the positions that predict completion tokens; the (B, T) outputs are
+the padded ones up to float rounding (``tests/perf/test_packing.py``).
+
 The reference pass runs under ``torch.inference_mode`` (no autograd bookkeeping at all), in the same layout.
 Sampling goes through the policy's rollout engine (:mod:`prefzoo.rollout.engine`): prefzoo's decode loop by default,
 on a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`) when ``merged_rollout``; or vLLM.
@@ -43,6 +48,7 @@ from torch import Tensor, nn
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.errors import ModelError
 from prefzoo.models.reference import Reference
+from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
 from prefzoo.objective import linear_token_logps, token_entropy, token_logps
 from prefzoo.rollout.engine import HFEngine, RolloutEngine
 from prefzoo.rollout.generate import _CACHE, position_ids_from_mask
@@ -60,6 +66,19 @@ def completion_logits(model: nn.Module, batch: SequenceBatch) -> Tensor:
     out = model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids_from_mask(mask),
                 use_cache=False, logits_to_keep=c + 1)
     return out.logits[:, :-1]
+
+
+def packed_completion_logits(model, batch: SequenceBatch, mode: str | None, share_prompts: bool = True) -> Tensor | None:
+    """Logits at the positions that predict each counted completion token, from ONE packed forward
+    (:mod:`prefzoo.models.packing`; ``logits_to_keep`` = those positions). Shape (n, V), in the order of
+    ``batch.completion_mask``'s True entries; None when ``mode`` is None or the batch has no packed layout.
+
+    ``model`` is the causal LM or a callable taking its keyword arguments; ``mode`` the LM's
+    :func:`~prefzoo.models.packing.packing_mode`."""
+    packed = pack_batch(batch, share_prompts and mode == "segments") if mode else None
+    if packed is None:
+        return None
+    return model(**packed_forward_kwargs(packed, mode), logits_to_keep=packed.source).logits[0]
 
 
 def body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
@@ -152,6 +171,9 @@ class CausalLMPolicy:
         compute_dtype: run forwards under autocast to this dtype (e.g. ``torch.bfloat16``); None: the weights'.
         engine: what draws the samples (:mod:`prefzoo.rollout.engine`); None: :class:`~prefzoo.rollout.engine.HFEngine`
             (with ``merged_rollout``).
+        padding_free: log-probs (policy and reference) from one packed pass of the batch's real tokens
+            (:mod:`prefzoo.models.packing`), where the model's attention can run it and the batch has the layout;
+            else padded.
 
     Data parallelism: the training loop sets ``train_forward`` to a wrapper (DDP over the trainable modules,
     see :mod:`prefzoo.training.distributed`) called as ``train_forward("policy", **model_kwargs)`` or
@@ -169,8 +191,9 @@ class CausalLMPolicy:
                  value_model: nn.Module | None = None, logits_chunk_size: int | None = 64,
                  generator: torch.Generator | None = None, fused_logps: bool = True, share_prompts: bool = True,
                  head_chunk_size: int = 256, merged_rollout: bool = True, compute_dtype: torch.dtype | None = None,
-                 engine: RolloutEngine | None = None):
+                 engine: RolloutEngine | None = None, padding_free: bool = False):
         self.model = model
+        self.padding_free = padding_free
         self.fused_logps = fused_logps
         self.share_prompts = share_prompts
         self.head_chunk_size = head_chunk_size
@@ -216,9 +239,11 @@ class CausalLMPolicy:
         body, head = parts
         mask = batch.completion_mask
         with self.autocast():
-            hidden = completion_hidden(body, batch, self.share_prompts)
+            states = packed_states(body, batch, self.share_prompts) if self.padding_free else None
+            if states is None:
+                states = completion_hidden(body, batch, self.share_prompts)[mask]
         chunk = self.head_chunk_size or max(1, int(mask.sum()))
-        logps, entropy = linear_token_logps(hidden[mask], head.weight, batch.completion_ids[mask], head.bias,
+        logps, entropy = linear_token_logps(states, head.weight, batch.completion_ids[mask], head.bias,
                                             temperature, chunk, with_entropy)
         full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         out = full.masked_scatter(mask, logps)
@@ -241,6 +266,12 @@ class CausalLMPolicy:
             parts = self.fused_parts(model)
             if parts is not None:
                 return self._fused(parts, batch, temperature, with_entropy)
+        if self.padding_free:
+            mode = packing_mode(self.model)
+            with self.autocast():
+                packed = packed_completion_logits(model, batch, mode, self.share_prompts)
+            if packed is not None:
+                return self._scatter_plain(packed, batch, temperature, with_entropy)
         with self.autocast():
             logits = completion_logits(model, batch)
         logps = token_logps(logits, batch.completion_ids, temperature, self.logits_chunk_size)
@@ -251,6 +282,19 @@ class CausalLMPolicy:
                 entropy = token_entropy(logits.detach(), temperature, self.logits_chunk_size)
                 entropy = entropy.masked_fill(~batch.completion_mask, 0.0)
         return logps, entropy
+
+    def _scatter_plain(self, logits: Tensor, batch: SequenceBatch, temperature: float, with_entropy: bool
+                       ) -> tuple[Tensor, Tensor | None]:
+        """(B, T) log-probs (and entropies) from the packed logits (n, V) of the counted tokens."""
+        mask = batch.completion_mask
+        logps = token_logps(logits[None], batch.completion_ids[mask][None], temperature, self.logits_chunk_size)[0]
+        full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                h = token_entropy(logits.detach()[None], temperature, self.logits_chunk_size)[0]
+            entropy = full.masked_scatter(mask, h)
+        return full.masked_scatter(mask, logps), entropy
 
     @torch.no_grad()
     def ref_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
@@ -272,9 +316,15 @@ class CausalLMPolicy:
                     logps, _ = self._fused(parts, batch, temperature, False)
                 else:
                     with self.autocast():
-                        logits = completion_logits(module, batch)
-                    logps = token_logps(logits, batch.completion_ids, temperature, self.logits_chunk_size)
-                    logps = logps.masked_fill(~batch.completion_mask, 0.0)
+                        packed = packed_completion_logits(module, batch, packing_mode(module), self.share_prompts) \
+                            if self.padding_free else None
+                    if packed is not None:
+                        logps, _ = self._scatter_plain(packed, batch, temperature, False)
+                    else:
+                        with self.autocast():
+                            logits = completion_logits(module, batch)
+                        logps = token_logps(logits, batch.completion_ids, temperature, self.logits_chunk_size)
+                        logps = logps.masked_fill(~batch.completion_mask, 0.0)
         finally:
             module.train(was_training)
         return logps.clone()  # a normal tensor (inference tensors cannot be saved for a backward later)

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 
 from prefzoo.types import SequenceBatch, ValueHeadSpec
 from prefzoo.errors import ConfigError, ModelError
+from prefzoo.models.packing import packed_states
 from prefzoo.rollout.generate import position_ids_from_mask
 
 VALUE_ADAPTER = "value"
@@ -152,6 +153,8 @@ class ValueModel(nn.Module):
         self.adapter_params = nn.ParameterList(
             [p for n, p in backbone.named_parameters() if adapter is not None and f".{adapter}." in n])
         self.trainable = True  # False after load_value_model: nothing is made to require grad
+        self.padding_free = False  # the training setup sets it (model.fast.padding_free): one packed pass per batch
+        self.share_prompts = True  # (packed passes) rows with one prompt share it
         self.head.to(next(backbone.parameters()).device)
 
     @property
@@ -173,8 +176,14 @@ class ValueModel(nn.Module):
             raise ModelError("the value model needs at least one prompt token per row (the state before the "
                              "first completion token).")
         with use_adapter(self.model, self.adapter, self.adapter_params if self.trainable else ()):
-            out = _decoder(self.model)(input_ids=input_ids, attention_mask=mask.long(),
-                                       position_ids=position_ids_from_mask(mask), use_cache=False)
+            body = _decoder(self.model)
+            states = packed_states(body, batch, self.share_prompts) if self.padding_free else None
+            if states is not None:  # one packed pass (prefzoo.models.packing): the counted positions only
+                values = self.head(states.float()).squeeze(-1)
+                full = torch.zeros(batch.completion_mask.shape, dtype=values.dtype, device=values.device)
+                return full.masked_scatter(batch.completion_mask, values)
+            out = body(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids_from_mask(mask),
+                       use_cache=False)
         hidden = out.last_hidden_state[:, p - 1:p + c - 1]
         values = self.head(hidden.float()).squeeze(-1)
         return values.masked_fill(~batch.completion_mask, 0.0)

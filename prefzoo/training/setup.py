@@ -174,6 +174,30 @@ def build_base_model(cfg: Config, tokenizer, device: torch.device):
     return model if quant is not None else model.to(device)
 
 
+def use_padding_free(fast, needs: Declaration, copies: list, value_model) -> bool:
+    """``model.fast.padding_free`` for an offline plugin: switch the models' attention to the packed one
+    (:func:`prefzoo.models.packing.use_packed_attention`) and say whether the log-prob passes pack. Online plugins
+    keep padded passes (packing is measured on offline batches only). A model whose attention cannot run packs
+    (eager, sliding-window, soft-capped) stays padded, with a warning."""
+    if not fast.padding_free or needs.online:
+        return False
+    from prefzoo.models.packing import packing_mode, use_packed_attention
+
+    modules = list(copies)
+    if value_model is not None and value_model.owns_backbone:
+        modules.append(value_model.model)
+    for module in modules:
+        use_packed_attention(module)
+    if packing_mode(copies[0]) is None:
+        impl = getattr(getattr(copies[0], "config", None), "_attn_implementation", None)
+        log.warning("model.fast.padding_free=true: the model's attention (%s) cannot run packed rows; batches stay "
+                    "padded (set model.fast.padding_free=false to silence this).", impl)
+        return False
+    if value_model is not None:
+        value_model.padding_free, value_model.share_prompts = True, fast.share_prompts
+    return True
+
+
 @dataclass
 class Built:
     policy: CausalLMPolicy
@@ -226,11 +250,12 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
 
         for module in copies:
             use_gqa_attention(module)
+    padding_free = use_padding_free(fast, needs, copies, value_model)
     policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen, fused_logps=fast.fused_logps,
                             share_prompts=fast.share_prompts, head_chunk_size=fast.head_chunk_size,
                             merged_rollout=fast.merged_rollout,
                             compute_dtype=getattr(torch, m.compute_dtype) if m.compute_dtype else None,
-                            engine=engine)
+                            engine=engine, padding_free=padding_free)
     return Built(policy, model, tokenizer, time.perf_counter() - start)
 
 
