@@ -147,6 +147,19 @@ def tokenize_prompt(tokenizer, prompt, max_prompt_length: int | None) -> tuple[l
     return ids, False
 
 
+def prompt_and_room(tokenizer, prompt, max_prompt_length: int | None, max_length: int) -> tuple[list[int], bool, int]:
+    """:func:`tokenize_prompt` plus the tokens left for a completion within ``max_length``.
+
+    Returns (prompt ids, was_truncated, room). Raises ValueError (the caller names the row) when the prompt leaves
+    no room."""
+    prompt_ids, cut = tokenize_prompt(tokenizer, prompt, max_prompt_length)
+    room = max_length - len(prompt_ids)
+    if room < 1:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens and data.max_length={max_length} leaves "
+                         "no room for the completion (raise data.max_length or set data.max_prompt_length)")
+    return prompt_ids, cut, room
+
+
 def tokenize_completion(tokenizer, text: str, room: int) -> list[int]:
     """Completion ids: the text then EOS, right-truncated to ``room`` tokens (then without EOS)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -166,11 +179,7 @@ def tokenize_preferences(table: datasets.Dataset, tokenizer, max_length: int, ma
         try:
             where = row_label(row, index)
             prompt, chosen, rejected = normalise_row(row, index)
-            prompt_ids, cut = tokenize_prompt(tokenizer, prompt, max_prompt_length)
-            room = max_length - len(prompt_ids)
-            if room < 1:
-                raise ValueError(f"the prompt has {len(prompt_ids)} tokens and data.max_length={max_length} leaves "
-                                 "no room for the completion (raise data.max_length or set data.max_prompt_length)")
+            prompt_ids, cut, room = prompt_and_room(tokenizer, prompt, max_prompt_length, max_length)
         except ValueError as err:
             if on_bad_row != "skip":
                 raise bad_row_error(source, where, err) from None

@@ -30,8 +30,8 @@ import datasets
 import torch
 
 from prefzoo.data.files import bad_row_error, prompt_problem, row_label, row_problem, text_problem
-from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, pad_rows, tokenize_completion,
-                                     tokenize_prompt)
+from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, pad_rows, prompt_and_room,
+                                     tokenize_completion)
 from prefzoo.errors import DataError
 from prefzoo.types import UnpairedBatch
 
@@ -102,11 +102,7 @@ def tokenize_unpaired(table: datasets.Dataset, tokenizer, max_length: int, max_p
         where = row_label(row, index)
         try:
             prompt, completion, label = normalise_unpaired_row(row)
-            prompt_ids, cut = tokenize_prompt(tokenizer, prompt, max_prompt_length)
-            room = max_length - len(prompt_ids)
-            if room < 1:
-                raise ValueError(f"the prompt has {len(prompt_ids)} tokens and data.max_length={max_length} leaves "
-                                 "no room for the completion (raise data.max_length or set data.max_prompt_length)")
+            prompt_ids, cut, room = prompt_and_room(tokenizer, prompt, max_prompt_length, max_length)
         except ValueError as err:
             if on_bad_row != "skip":
                 raise bad_row_error(source, where, err) from None
