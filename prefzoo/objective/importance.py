@@ -148,6 +148,8 @@ def sampler_mismatch(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask:
 
     Shape: old_logps, sampler_logps (B, T) float, mask (B, T) bool -> {name: float}.
 
+    Units: inputs nats per token; outputs nats per token.
+
     Raises:
         ObjectiveError: shapes differ or not 2-D; mask not bool.
 

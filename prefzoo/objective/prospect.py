@@ -28,6 +28,9 @@ def kto_loss(log_ratio: Tensor, desirable: Tensor, z0: float | Tensor, beta: flo
     Shape: log_ratio (B,) float (summed log pi - log pi_ref per row, nats), desirable (B,) bool -> (B,).
     z0: the reference point in nats (a float or a 0-d tensor; it is detached here).
 
+    Units: log_ratio and z0 in nats per sequence; beta in 1/nats; the loss is dimensionless (in units of the
+    weights lambda_D / lambda_U), in [0, max(lambda_D, lambda_U)].
+
     Raises:
         ObjectiveError: shapes differ, ``desirable`` is not bool, or beta or a weight is not > 0.
 
