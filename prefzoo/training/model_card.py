@@ -118,6 +118,8 @@ def model_card(cfg, run_dir: Path, weights: Path, summary: dict) -> str:
                  + f", KL estimator `{summary['kl_estimator']}`, placement `{summary['kl_placement']}`, "
                  f"controller `{o.kl_controller}`")
     data = f"`data={d.name}`" + (f", `data.path={d.path}`" if d.path else "")
+    if d.name == "reasoning_gym":  # which procedural task(s): the card should say what was learned
+        data += f", `data.task={d.task}`" + (f" (weights {list(d.task_weights)})" if d.task_weights else "")
     reward = f"`reward={r.name}`" + (f" ({', '.join(f'`{f}`' for f in r.functions)})" if r.functions else "")
     stats = summary.get("data_stats") or {}
     if stats:
