@@ -260,8 +260,15 @@ def resolve_defaults(cfg: Config) -> Config:
 
     ``objective.beta`` <- ``algo.default_beta``, ``objective.kl_estimator`` / ``kl_placement`` <-
     ``algo.default_kl_estimator`` / ``default_kl_placement``, ``rollout.temperature`` <-
-    ``algo.default_temperature``, ``trainer.batch_size`` <- ``algo.default_batch_size``. Idempotent.
+    ``algo.default_temperature``, ``trainer.batch_size`` <- ``algo.default_batch_size``. And ``data=reasoning_gym``
+    with the untouched default reward (the arithmetic exact match, which cannot score those tasks) is scored by
+    ``reward=reasoning_gym``, the tasks' own verifiers (``reward=reasoning_gym`` brings ``data=reasoning_gym`` through
+    the defaults list; this is the other direction). Idempotent.
     """
+    r = cfg.reward
+    if (cfg.data.name == "reasoning_gym" and r.name == "arithmetic" and list(r.functions) == ["correctness"]
+            and r.weights is None and r.path is None):
+        r.name, r.functions = "reasoning_gym", ["reasoning_gym"]
     a, o = cfg.algo, cfg.objective
     if o.beta is None:
         o.beta = float(a.default_beta)

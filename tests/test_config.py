@@ -300,3 +300,15 @@ def test_the_early_stopping_names_are_the_keys_the_evaluation_writes():
     assert written == set(metric_names())
     assert 'f"pass_at_{k}"' in source and 'f"pass_at_{k}_se"' in source
     assert {"pass_at_4", "pass_at_4_se"} <= set(metric_names(4))
+
+
+def test_reasoning_gym_data_is_scored_by_its_own_verifiers():
+    """`data=reasoning_gym` alone (the issue's command) must not be scored by the default arithmetic exact match,
+    which reads a reply's last number against an `answer` column those tasks do not have: the untouched default
+    reward becomes reward=reasoning_gym (the reverse of `data: ${reward}` in the defaults list). Failing value before:
+    reward.name == "arithmetic", then a one-line error at setup. A reward the user set stays theirs."""
+    cfg = typed("algo=grpo", "data=reasoning_gym")
+    assert (cfg.reward.name, list(cfg.reward.functions)) == ("reasoning_gym", ["reasoning_gym"])
+    own = typed("algo=grpo", "data=reasoning_gym", "reward.functions=[format]")
+    assert list(own.reward.functions) == ["format"]
+    assert typed("algo=grpo").reward.name == "arithmetic"
