@@ -93,7 +93,7 @@ def test_a_bad_row_names_the_file_row_column_and_fix(tmp_path, row, needle):
 def test_a_file_without_a_label_column_or_with_int_labels_is_refused(tmp_path):
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "P", "completion": "b"}] * 2)
     with pytest.raises(DataError, match=r"rows.jsonl, row 0 \(line 1\): missing column 'label' \(unpaired rows need "
-                                        "prompt, completion and label\)"):
+                                        r"prompt, completion and label\)"):
         tokenize_unpaired(read_file(path), tokenizer(), 256, 128, "error", path)
     with pytest.raises(DataError, match="row 0: column 'label' is int 1, not a boolean"):
         tokenize([{"prompt": "P", "completion": "b", "label": 1}, {"prompt": "P", "completion": "c", "label": 0}])
