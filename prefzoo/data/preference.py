@@ -229,17 +229,6 @@ def collate_preferences(examples: list[PreferenceExample], indices: list[int], p
     )
 
 
-def collate_examples(examples: list, indices: list[int], pad_id: int,
-                     ref_logps: dict[int, tuple[float, float]] | None = None):
-    """A training batch of offline examples: a :class:`PreferenceBatch` of pairs, or an
-    :class:`~prefzoo.types.UnpairedBatch` of unpaired rows (:mod:`prefzoo.data.unpaired`)."""
-    from prefzoo.data.unpaired import UnpairedExample, collate_unpaired
-
-    if examples and isinstance(examples[0], UnpairedExample):
-        return collate_unpaired(examples, indices, pad_id)
-    return collate_preferences(examples, indices, pad_id, ref_logps)
-
-
 @dataclass
 class PreferenceData:
     """Tokenised train and held-out preference pairs."""

@@ -30,8 +30,8 @@ import datasets
 import torch
 
 from prefzoo.data.files import bad_row_error, prompt_problem, row_label, row_problem, text_problem
-from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, pad_rows, prompt_and_room,
-                                     tokenize_completion)
+from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, collate_preferences, pad_rows,
+                                     prompt_and_room, tokenize_completion)
 from prefzoo.errors import DataError
 from prefzoo.types import UnpairedBatch
 
@@ -152,3 +152,13 @@ def collate_unpaired(examples: list[UnpairedExample], indices: list[int], pad_id
     return UnpairedBatch(prompt_ids, prompt_mask, completion_ids, completion_mask,
                          labels=torch.tensor([bool(e.label) for e in examples], dtype=torch.bool),
                          index=torch.tensor(indices, dtype=torch.long))
+
+
+def collate_examples(examples: list, indices: list[int], pad_id: int,
+                     ref_logps: dict[int, tuple[float, float]] | None = None):
+    """A training batch of offline examples: a :class:`PreferenceBatch` of pairs, or an
+    :class:`~prefzoo.types.UnpairedBatch` of unpaired rows (here, beside them: this module reads the preference
+    one, not the other way round)."""
+    if examples and isinstance(examples[0], UnpairedExample):
+        return collate_unpaired(examples, indices, pad_id)
+    return collate_preferences(examples, indices, pad_id, ref_logps)

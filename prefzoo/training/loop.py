@@ -57,7 +57,8 @@ from prefzoo.algos import algorithm_class
 from prefzoo.algos.base import Algorithm, Declaration
 from prefzoo.types import ROLLOUT_SEED_COLUMN, Batch, SamplingParams
 from prefzoo.config import Config, resolve_defaults, resolve_objective
-from prefzoo.data.preference import collate_examples, collate_preferences
+from prefzoo.data.preference import collate_preferences
+from prefzoo.data.unpaired import collate_examples
 from prefzoo.errors import CheckpointError
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.models.loading import load_tokenizer
