@@ -102,7 +102,9 @@ def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = (), na
         parts = []
         for k in keys:
             value = run["overrides"].get(k)
-            number = is_number(value)
+            if value is None:  # this run did not set the key (a folder of separate runs): nothing to say
+                continue
+            number = is_number(value) or isinstance(value, bool)
             parts.append(f"{re.split(r'[./]', k)[-1]}={shown[k][i]}" if number and (named or len(keys) > 1)
                          else shown[k][i])
         out.append(", ".join(parts))

@@ -62,8 +62,14 @@ def load_runs(root: Path) -> list[dict]:
     return runs
 
 
+#: overrides that say how a run was executed, not what it computed: never "swept" (no column, plot or label)
+INERT_KEYS = ("trainer.num_threads", "trainer.progress", "trainer.log_every", "trainer.save_every",
+              "trainer.tensorboard", "trainer.report_to", "eval.before")
+
+
 def swept_keys(runs: list[dict]) -> list[str]:
-    """Override keys whose value is not the same in every run of the sweep (in first-seen order)."""
+    """Override keys whose value is not the same in every run of the sweep (in first-seen order), except
+    :data:`INERT_KEYS` (thread count, progress bars, logging, checkpoints, the before-training evaluation)."""
     jobs = [r for r in runs if r.get("job", True)] or runs
     keys: dict[str, set] = {}
     for run in jobs:
@@ -71,7 +77,7 @@ def swept_keys(runs: list[dict]) -> list[str]:
             keys.setdefault(k, set())
     for k in keys:
         keys[k] = {json.dumps(run["overrides"].get(k), default=str) for run in jobs}
-    return [k for k, values in keys.items() if len(values) > 1]
+    return [k for k, values in keys.items() if len(values) > 1 and k not in INERT_KEYS]
 
 
 def metric(run: dict, name: str, when: str = "eval_after"):

@@ -53,6 +53,21 @@ def test_report_table_has_a_row_per_run_and_swept_columns(sweep, tmp_path):
     assert (tmp_path / "preference_accuracy_vs_objective.beta.png").is_file()
 
 
+def test_a_folder_of_separate_runs_is_labelled_by_what_changes_results():
+    """A folder of runs made one by one (`prefzoo report <folder>`, no sweep): how a run was executed (thread count,
+    the before-training evaluation) is no swept setting, and a run that did not set a key says nothing of it.
+    Failing values before: swept ['algo', 'eval.before', 'trainer.num_threads', 'trainer.lr'] and the label
+    'None, False, num_threads=1, None' on the frontier plot."""
+    from prefzoo.report.plots import run_labels
+
+    runs = [{"dir": Path("kto"), "summary": {}, "overrides": {"algo": "kto", "eval.before": False,
+                                                               "trainer.num_threads": 1, "trainer.lr": 5e-5}},
+            {"dir": Path("orpo"), "summary": {}, "overrides": {"algo": "orpo", "trainer.num_threads": 2}}]
+    keys = swept_keys(runs)
+    assert keys == ["algo", "trainer.lr"]
+    assert run_labels(runs, ["trainer.lr"], named=True) == ["lr=5e-05", "orpo"]
+
+
 def test_swept_keys_ignores_constant_overrides():
     runs = [{"dir": Path("a"), "summary": {}, "overrides": {"algo": "dpo", "model": "tiny"}},
             {"dir": Path("b"), "summary": {}, "overrides": {"algo": "simpo", "model": "tiny"}}]
