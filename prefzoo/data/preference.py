@@ -147,6 +147,24 @@ def tokenize_prompt(tokenizer, prompt, max_prompt_length: int | None) -> tuple[l
     return ids, False
 
 
+def checked_examples(examples: list, bad: list, truncated: int, source: str, max_prompt_length: int | None,
+                     columns: str) -> list:
+    """The end of a file's tokenisation: one warning for the skipped bad rows (``bad``: (where, why) pairs) and one
+    for the left-truncated prompts; ``examples`` back.
+
+    Raises:
+        DataError: no usable row (naming ``source`` and the ``columns`` to check).
+    """
+    if bad:
+        log.warning("%s: skipped %d bad rows (data.on_bad_row=skip); first: %s: %s", source, len(bad), *bad[0])
+    if truncated:
+        log.warning("%s: %d prompts were longer than data.max_prompt_length=%s and were truncated from the left",
+                    source, truncated, max_prompt_length)
+    if not examples:
+        raise DataError(f"{source}: no usable rows ({len(bad)} bad). Check the columns {columns}.")
+    return examples
+
+
 def prompt_and_room(tokenizer, prompt, max_prompt_length: int | None, max_length: int) -> tuple[list[int], bool, int]:
     """:func:`tokenize_prompt` plus the tokens left for a completion within ``max_length``.
 
@@ -188,14 +206,7 @@ def tokenize_preferences(table: datasets.Dataset, tokenizer, max_length: int, ma
         truncated += cut
         examples.append(PreferenceExample(prompt_ids, tokenize_completion(tokenizer, chosen, room),
                                           tokenize_completion(tokenizer, rejected, room), cut))
-    if bad:
-        log.warning("%s: skipped %d bad rows (data.on_bad_row=skip); first: %s: %s", source, len(bad), *bad[0])
-    if truncated:
-        log.warning("%s: %d prompts were longer than data.max_prompt_length=%s and were truncated from the left",
-                    source, truncated, max_prompt_length)
-    if not examples:
-        raise DataError(f"{source}: no usable rows ({len(bad)} bad). Check the columns prompt/chosen/rejected.")
-    return examples
+    return checked_examples(examples, bad, truncated, source, max_prompt_length, "prompt/chosen/rejected")
 
 
 def pad_rows(rows: list[list[int]], side: str, pad_id: int) -> tuple[Tensor, Tensor]:

@@ -23,19 +23,16 @@ evaluation's preference accuracy, are each prompt's first desirable row against 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import datasets
 import torch
 
 from prefzoo.data.files import bad_row_error, prompt_problem, row_label, row_problem, text_problem
-from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, collate_preferences, pad_rows,
-                                     prompt_and_room, tokenize_completion)
-from prefzoo.errors import DataError
+from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, checked_examples,
+                                     collate_preferences, pad_rows, prompt_and_room, tokenize_completion)
 from prefzoo.types import UnpairedBatch
 
-log = logging.getLogger(__name__)
 
 UNPAIRED_COLUMNS = ("prompt", "completion", "label")
 
@@ -110,14 +107,7 @@ def tokenize_unpaired(table: datasets.Dataset, tokenizer, max_length: int, max_p
             continue
         truncated += cut
         examples.append(UnpairedExample(prompt_ids, tokenize_completion(tokenizer, completion, room), label, cut))
-    if bad:
-        log.warning("%s: skipped %d bad rows (data.on_bad_row=skip); first: %s: %s", source, len(bad), *bad[0])
-    if truncated:
-        log.warning("%s: %d prompts were longer than data.max_prompt_length=%s and were truncated from the left",
-                    source, truncated, max_prompt_length)
-    if not examples:
-        raise DataError(f"{source}: no usable rows ({len(bad)} bad). Check the columns prompt/completion/label.")
-    return examples
+    return checked_examples(examples, bad, truncated, source, max_prompt_length, "prompt/completion/label")
 
 
 def split_pairs(pairs: list[PreferenceExample]) -> list[UnpairedExample]:
