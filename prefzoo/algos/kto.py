@@ -11,9 +11,13 @@ implicit reward and the reference point (sec. 4.1, eq. 8)
 
 (:func:`prefzoo.objective.kto_loss`). z0 is estimated "by matching inputs x' with unrelated outputs y' in a batch
 of size m", z0 = max(0, (1/m) sum log pi_theta(y'|x') / pi_ref(y'|x')), and it is not backpropagated through.
-Defaults: beta = 0.1, lambda_D = lambda_U = 1. With imbalanced classes (n_D desirable, n_U undesirable rows) the
-paper recommends weights with lambda_D n_D / (lambda_U n_U) in [1, 4/3]; the run logs the class counts and warns,
-in one line, when the ratio is outside that range (:meth:`KTO.check_data`).
+Defaults: beta = 0.1, lambda_U = 1. With imbalanced classes (n_D desirable, n_U undesirable rows) the paper
+recommends weights with lambda_D n_D / (lambda_U n_U) in [1, 4/3]. ``algo.desirable_weight`` unset (null, the
+default) takes the lower end of that range from the training rows' class counts, lambda_D = lambda_U n_U / n_D
+(1.0 on balanced data, as the paper's and TRL's default; 8.4 on the built-in arithmetic rows, 10.6% desirable),
+and logs it. A set weight is kept; the run logs the class counts and warns, in one line, when its ratio is
+outside the range (:meth:`KTO.check_data`). Departure: TRL's default is lambda_D = 1 whatever the balance; on
+the built-in rows that gives a ratio of 0.12, and such runs collapse (docs/algorithms.md, KTO).
 
 How the code does it, and departs:
 
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -62,7 +67,7 @@ WEIGHT_RATIO_RANGE = (1.0, 4.0 / 3.0)
 class KTOConfig(AlgoConfig):
     name: str = "kto"
     default_beta: float = 0.1  # the paper's and TRL's
-    desirable_weight: float = 1.0  # lambda_D
+    desirable_weight: Optional[float] = None  # lambda_D; None: lambda_U n_U / n_D from the training rows (check_data)
     undesirable_weight: float = 1.0  # lambda_U
 
 
@@ -75,10 +80,15 @@ def mismatched(batch: SequenceBatch) -> SequenceBatch:
                          batch.completion_mask.roll(-1, dims=0))
 
 
-def weight_ratio(cfg: KTOConfig, desirable: int, undesirable: int) -> float:
+def weight_ratio(desirable_weight: float, undesirable_weight: float, desirable: int, undesirable: int) -> float:
     """lambda_D n_D / (lambda_U n_U) (inf without undesirable rows)."""
-    denominator = cfg.undesirable_weight * undesirable
-    return cfg.desirable_weight * desirable / denominator if denominator else float("inf")
+    denominator = undesirable_weight * undesirable
+    return desirable_weight * desirable / denominator if denominator else float("inf")
+
+
+def balanced_desirable_weight(undesirable_weight: float, desirable: int, undesirable: int) -> float:
+    """lambda_D = lambda_U n_U / n_D: the lower end of the paper's range (ratio 1); 1.0 without rows of both labels."""
+    return undesirable_weight * undesirable / desirable if desirable and undesirable else 1.0
 
 
 @register
@@ -94,8 +104,14 @@ class KTO(Algorithm):
             raise ConfigError(f"objective.beta={objective.beta}: KTO needs beta > 0 (the paper and TRL use 0.1).")
         for key in ("desirable_weight", "undesirable_weight"):
             value = getattr(cfg, key)
-            if not value > 0:
-                raise ConfigError(f"algo.{key}={value} must be > 0 (the paper's lambda; 1.0 by default).")
+            if value is not None and not value > 0:
+                raise ConfigError(f"algo.{key}={value} must be > 0 (the paper's lambda; leave algo.desirable_weight "
+                                  "unset to balance the classes).")
+
+    def __init__(self, cfg: KTOConfig, objective: ObjectiveSettings, sampling=None):
+        super().__init__(cfg, objective, sampling)
+        #: lambda_D in use: the set weight, else 1.0 until check_data balances it from the class counts
+        self.desirable_weight = cfg.desirable_weight if cfg.desirable_weight is not None else 1.0
 
     def declare(self) -> Declaration:
         return Declaration(reference=True, aggregation="example_mean", data="unpaired", min_batch_size=2,
@@ -103,11 +119,16 @@ class KTO(Algorithm):
                            progress_keys=("loss", "kl", "rewards/margins"))
 
     def check_data(self, stats: dict[str, int]) -> None:
-        """Log the class counts; warn (one line) when lambda_D n_D / (lambda_U n_U) is outside [1, 4/3]."""
+        """Balance lambda_D from the class counts when unset; log them; warn (one line) when a set lambda_D gives
+        lambda_D n_D / (lambda_U n_U) outside [1, 4/3]."""
         n_d, n_u = int(stats.get("desirable", 0)), int(stats.get("undesirable", 0))
-        ratio = weight_ratio(self.cfg, n_d, n_u)
-        log.info("KTO training rows: %d desirable, %d undesirable; lambda_D n_D / (lambda_U n_U) = %.3g", n_d, n_u,
-                 ratio)
+        if self.cfg.desirable_weight is None:
+            self.desirable_weight = balanced_desirable_weight(self.cfg.undesirable_weight, n_d, n_u)
+        ratio = weight_ratio(self.desirable_weight, self.cfg.undesirable_weight, n_d, n_u)
+        log.info("KTO training rows: %d desirable, %d undesirable; lambda_D = %.3g%s, lambda_U = %.3g; "
+                 "lambda_D n_D / (lambda_U n_U) = %.3g", n_d, n_u, self.desirable_weight,
+                 " (balanced: algo.desirable_weight unset)" if self.cfg.desirable_weight is None else "",
+                 self.cfg.undesirable_weight, ratio)
         low, high = WEIGHT_RATIO_RANGE
         if not low <= ratio <= high:
             hint = (f"e.g. algo.desirable_weight in [{low * self.cfg.undesirable_weight * n_u / n_d:.3g}, "
@@ -147,7 +168,7 @@ class KTO(Algorithm):
         kl = float(self.statistics["kl"])
         seq, ratio = self.log_ratios(policy, batch)
         desirable = batch.labels.to(torch.bool)
-        losses = kto_loss(ratio, desirable, max(0.0, kl), self.beta, self.cfg.desirable_weight,
+        losses = kto_loss(ratio, desirable, max(0.0, kl), self.beta, self.desirable_weight,
                           self.cfg.undesirable_weight)
         with torch.no_grad():
             rewards = self.beta * ratio

@@ -18,6 +18,7 @@ from prefzoo.config import Config, resolve_objective
 from prefzoo.data.preference import PreferenceExample, collate_preferences
 from prefzoo.data.unpaired import UnpairedExample, collate_unpaired
 from prefzoo.errors import PluginError
+from prefzoo.objective import kto_loss
 from prefzoo.training.step import accumulate_gradients, mean_metrics, step_statistics
 from prefzoo.types import ObjectiveSettings, SequenceBatch
 from tests.models.helpers import one_thread_fixture
@@ -85,7 +86,8 @@ def losses_of(algo: KTO, policy, batch, micro_batch_size=None):
 
 def test_defaults_and_declaration():
     algo = KTO(KTOConfig(), resolve_objective(Config(algo=KTOConfig())))
-    assert algo.beta == 0.1 and algo.cfg.desirable_weight == 1.0 and algo.cfg.undesirable_weight == 1.0
+    assert algo.beta == 0.1 and algo.cfg.desirable_weight is None and algo.cfg.undesirable_weight == 1.0
+    assert algo.desirable_weight == 1.0  # until check_data sees the class counts
     d = algo.declaration
     assert d.reference and d.data == "unpaired" and d.min_batch_size == 2 and d.aggregation == "example_mean"
     assert d.has("step_statistics") and d.has("implicit_rewards")
@@ -254,6 +256,35 @@ def test_class_balance_warning(caplog, counts, weights, warns):
         assert "algo.desirable_weight in [9, 12]" in warnings[0] and "\n" not in warnings[0]
 
 
+@pytest.mark.parametrize("counts, undesirable_weight, expected", [
+    ((10, 90), 1.0, 9.0),  # lambda_D = 1 x 90 / 10: ratio 9 x 10 / (1 x 90) = 1, the range's lower end
+    ((204, 1716), 1.0, 1716 / 204),  # the built-in arithmetic rows' counts (docs/algorithms.md): 8.41
+    ((30, 30), 2.0, 2.0),  # balanced classes: lambda_D = lambda_U
+    ((0, 50), 1.0, 1.0),  # no desirable row: nothing to balance, 1.0 (and the warning says to give both labels)
+])
+def test_unset_desirable_weight_is_balanced_from_the_class_counts(caplog, counts, undesirable_weight, expected):
+    """algo.desirable_weight unset -> lambda_D = lambda_U n_U / n_D, so lambda_D n_D / (lambda_U n_U) = 1 (the
+    paper's recommended range [1, 4/3], sec. 4.1, at its lower end); the loss then uses it: one desirable row at
+    log-ratio 0 with z0 = 0 loses lambda_D (1 - sigma(0)) = lambda_D / 2."""
+    algo = KTO(KTOConfig(undesirable_weight=undesirable_weight), resolve_objective(Config(algo=KTOConfig())))
+    with caplog.at_level(logging.INFO, logger="prefzoo.algos.kto"):
+        algo.check_data({"desirable": counts[0], "undesirable": counts[1]})
+    assert algo.desirable_weight == pytest.approx(expected, rel=1e-12)
+    assert algo.cfg.desirable_weight is None  # the config is not rewritten: config.yaml keeps what the user set
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warnings) == (counts[0] == 0)
+    if counts[0]:
+        assert any("(balanced: algo.desirable_weight unset)" in r.getMessage() for r in caplog.records)
+        loss = kto_loss(torch.zeros(1), torch.tensor([True]), 0.0, 0.1, algo.desirable_weight, undesirable_weight)
+        assert float(loss) == pytest.approx(expected / 2, rel=1e-6)
+
+
+def test_a_set_desirable_weight_is_kept():
+    algo = kto(desirable_weight=2.0)
+    algo.check_data({"desirable": 10, "undesirable": 90})
+    assert algo.desirable_weight == 2.0
+
+
 # ------------------------------------------------------------------------------------------ the command line
 
 def _train(base, name: str, args: list[str], env: dict | None = None):
@@ -307,7 +338,7 @@ def test_cfg_job_shows_kto_and_its_defaults(cli_runs):
     rc, stdout, stderr, _ = cli_runs["cfg_job"]
     assert rc == 0, stderr
     assert "algo:\n  name: kto\n" in stdout and "\n  default_beta: 0.1\n" in stdout
-    assert "\n  desirable_weight: 1.0\n  undesirable_weight: 1.0\n" in stdout
+    assert "\n  desirable_weight: null\n  undesirable_weight: 1.0\n" in stdout
 
 
 def _metrics(run_dir):
@@ -332,7 +363,7 @@ def test_two_steps_on_an_unpaired_file_from_the_command_line(cli_runs):
 @pytest.mark.slow  # ~15 s of CPU: the tiny model samples 8 + 4 prompts x 6, 2 KTO steps, 2 evaluations
 def test_two_steps_on_the_built_in_rows_from_the_command_line(cli_runs):
     """The random tiny model never answers right: its 48 samples are undesirable rows and the 8 known answers the
-    desirable ones (8 / 48 = 0.167 with weights 1: warned, with the range [6, 8] of desirable_weight that fits);
+    desirable ones; algo.desirable_weight unset balances them, lambda_D = 48 / 8 = 6 (no warning);
     the held-out pairs give a preference accuracy."""
     import json
 
@@ -340,7 +371,7 @@ def test_two_steps_on_the_built_in_rows_from_the_command_line(cli_runs):
     assert rc == 0, stderr[-3000:]
     log = stdout + stderr
     assert "56 unpaired training rows (8 desirable, 48 undesirable)" in log
-    assert "outside the paper's recommended [1, 4/3]; e.g. algo.desirable_weight in [6, 8]" in log
+    assert "lambda_D = 6 (balanced: algo.desirable_weight unset)" in log and "outside the paper's" not in log
     assert [m["step"] for m in _metrics(run_dir)] == [1, 2]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["data_stats"]["rows"] == {"desirable": 8, "undesirable": 48}
