@@ -37,7 +37,7 @@ def write_run(path: Path, steps: list[dict], evals=(), *, algo="dpo", beta=0.1, 
     config = {"algo": {"name": algo, **(algo_settings or {})},
               "objective": {"beta": beta, "divergence": "reverse_kl", "kl_controller": "fixed", "kl_target": None,
                             "kl_horizon": 10000, "kl_budget": None, **(objective or {})},
-              "trainer": {"lr": lr}, "rollout": {"max_new_tokens": 64}, "eval": {"diversity_samples": 4}}
+              "trainer": {"lr": lr, "batch_size": 4}, "rollout": {"max_new_tokens": 64}, "eval": {"diversity_samples": 4}}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     if summary:
         (path / "summary.json").write_text(json.dumps({
@@ -119,7 +119,8 @@ def test_drifting_kl_past_its_budget_and_still_growing(tmp_path):
     assert f.evidence == ("KL 9 nats per completion (rollouts of steps 16-20) is past the budget of 6; still growing: "
                           "+0.5 nats/step over steps 16-20")
     assert f.numbers["slope"] == pytest.approx(0.5)
-    assert f.change.startswith("objective.beta 0.05 -> 0.1, or objective.kl_controller=adaptive objective.kl_target=6")
+    assert f.change.startswith("objective.beta 0.05 -> 0.1 (note 004: it fixes the price of KL, not the KL), or "
+                               "objective.kl_controller=adaptive objective.kl_target=6")
     assert "objective.kl_budget=6 stops the run there" in f.change
 
 
@@ -225,6 +226,7 @@ def test_collapsing_accuracy_at_zero_with_a_large_kl_like_the_kto_run(tmp_path):
                                           "measures it while training)")
     assert found["collapsing"].evidence == "task_accuracy 0.000 at step 40 with KL 50.3 nats, past the budget of 6"
     assert found["collapsing"].numbers == {"task_accuracy": 0.0, "kl": 50.28}
+    assert found["collapsing"].change.endswith("trainer.lr 0.0002 -> 5e-05; or steadier steps: trainer.batch_size 4 -> 8")
 
 
 def test_a_narrowing_that_raised_accuracy_says_so_once(tmp_path):
