@@ -472,7 +472,7 @@ def collapsing(run: Run, limits: Limits, budget: float) -> Finding | None:
     lr = float(run.setting("trainer.lr", 2e-4))
     smaller = "" if run.algo in REFERENCE_FREE else f"; or a smaller step: trainer.lr {lr:g} -> {lr / 4:g}"
     rows = run.setting("trainer.batch_size")
-    if _number(rows) and not run.online:  # docs/algorithms.md: KTO at 4 rows per step collapsed, at 8 it did not
+    if "task_accuracy" in numbers and _number(rows) and not run.online:  # KTO: 4 rows per step collapsed, 8 did not
         smaller += f"; or steadier steps: trainer.batch_size {rows:g} -> {2 * rows:g}"
     return Finding("collapsing", "; ".join(facts), penalty_change(run, budget) + smaller, numbers)
 

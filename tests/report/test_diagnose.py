@@ -240,6 +240,7 @@ def test_a_narrowing_that_raised_accuracy_says_so_once(tmp_path):
     note = "while task_accuracy rose 0.255 -> 0.705"
     assert note not in found["repetitive"].evidence and note in found["collapsing"].evidence
     assert found["collapsing"].change.startswith("algo=orpo's loss has no KL term")
+    assert "trainer.batch_size" not in found["collapsing"].change  # a narrowing, not a noisy collapse to accuracy 0
 
 
 def test_a_healthy_run(tmp_path):
