@@ -162,7 +162,7 @@ def load_run(run_dir) -> Run:
 
     Raises:
         RunFolderError: the folder has neither ``metrics.jsonl`` nor ``summary.json``.
-        DataError: a line of ``metrics.jsonl`` is not a JSON object.
+        DataError: a line of ``metrics.jsonl``, ``summary.json`` or an ``eval_*.json`` is not a JSON object.
     """
     run_dir = Path(run_dir)
     metrics, summary_path = run_dir / "metrics.jsonl", run_dir / "summary.json"
@@ -183,7 +183,7 @@ def load_run(run_dir) -> Run:
             raise DataError(f"{metrics}:{number}: a line without a numeric 'step' ({line[:60]!r}); each line of "
                             "metrics.jsonl is one training step's metrics, as the loop writes them.")
         steps.append(row)
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = _read_json(summary_path) if summary_path.is_file() else {}
     evals = summary.get("eval_history") or _eval_files(run_dir, steps[-1]["step"] if steps else 0)
     config_path = run_dir / "config.yaml"
     config = (yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
@@ -198,8 +198,19 @@ def _eval_files(run_dir: Path, last_step: int) -> list[dict]:
         found = re.fullmatch(r"step(\d+)", tag)
         step = 0 if tag == "before" else int(found.group(1)) if found else last_step if tag == "after" else None
         if step is not None:
-            out.append({"step": step, "tag": tag, **json.loads(path.read_text())})
+            out.append({"step": step, "tag": tag, **_read_json(path)})
     return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not JSON ({err.msg} at line {err.lineno}); the run may have been cut off while "
+                        "writing it: run the evaluation again or delete the file.") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: holds a {type(data).__name__}, not the JSON object a run writes there.")
+    return data
 
 
 # ------------------------------------------------------------------------------------------------ series

@@ -274,6 +274,8 @@ def test_a_run_still_going_reads_its_eval_files(tmp_path):
 
 
 def test_a_folder_that_is_not_a_run(tmp_path):
+    """An empty folder and a missing one: a RunFolderError naming the path and what is missing; a cut-off line of
+    metrics.jsonl (line 2) and a cut-off summary.json: a DataError naming the file (and line)."""
     (tmp_path / "empty").mkdir()
     with pytest.raises(RunFolderError, match=f"{tmp_path / 'empty'} is not a run folder: it has neither "
                                              "metrics.jsonl nor summary.json"):
@@ -283,6 +285,10 @@ def test_a_folder_that_is_not_a_run(tmp_path):
     bad = write_run(tmp_path / "bad", [{"loss": 1.0}])
     (bad / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, \n')
     with pytest.raises(DataError, match=r"metrics.jsonl:2: not a JSON object"):
+        load_run(bad)
+    (bad / "metrics.jsonl").write_text('{"step": 1}\n')
+    (bad / "summary.json").write_text('{"algo": ')
+    with pytest.raises(DataError, match=r"summary.json: not JSON \(Expecting value at line 1\)"):
         load_run(bad)
 
 
