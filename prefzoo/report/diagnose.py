@@ -537,10 +537,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--kl-budget", type=float, help="KL budget, nats per completion (default: the run's "
                         f"objective.kl_budget or adaptive kl_target, else {DEFAULT_KL_BUDGET:g})")
-    for name in ("min_steps", "not_moving_kl", "length_ratio", "distinct_drop", "entropy_drop"):
+    for name, what in (("min_steps", "fewest logged steps to judge"),
+                       ("not_moving_kl", "KL (nats per completion) under which the policy is not moving"),
+                       ("length_ratio", "completion-length growth that is verbose"),
+                       ("distinct_drop", "relative distinct-n drop that is repetitive"),
+                       ("entropy_drop", "relative entropy drop that is a collapse")):
         default = getattr(Limits(), name)
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=default,
-                            help=f"default {default:g}")
+                            help=f"{what} (default {default:g})")
     args = parser.parse_args(argv)
     limits = replace(Limits(), **{k: v for k, v in vars(args).items() if k in Limits.__dataclass_fields__})
     try:
