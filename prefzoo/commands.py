@@ -3,6 +3,7 @@
     prefzoo train [hydra overrides]       what ``python train.py`` does (``-m`` for a sweep, ``--cfg job``, ...)
     prefzoo pairs [overrides]             build (or find) the cached built-in preference pairs
     prefzoo report DIR [--out OUT]        report.md + plots of a run folder or a sweep folder
+    prefzoo diagnose RUN_DIR [--json]     the beta doctor: not moving, drifting, verbose, repetitive, collapsing?
     prefzoo conformance [--seeds N ...]   the conformance table of every plugin (prefzoo.lab.conformance)
     prefzoo toy [--algo grpo ...]         the toy bandit's reward-vs-KL frontier (prefzoo.lab.toy)
 
@@ -68,6 +69,12 @@ def report(argv: list[str]) -> int:
     return report_main(argv)
 
 
+def diagnose(argv: list[str]) -> int:
+    from prefzoo.report.diagnose import main as diagnose_main
+
+    return diagnose_main(argv)
+
+
 def conformance(argv: list[str]) -> int:
     from prefzoo.lab.conformance import main as conformance_main
 
@@ -81,7 +88,8 @@ def toy(argv: list[str]) -> int:
 
 
 #: ``prefzoo COMMAND [arguments]``
-COMMANDS = {"train": train, "pairs": pairs, "report": report, "conformance": conformance, "toy": toy}
+COMMANDS = {"train": train, "pairs": pairs, "report": report, "diagnose": diagnose,
+            "conformance": conformance, "toy": toy}
 
 
 def usage() -> str:

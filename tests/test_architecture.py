@@ -40,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": BASE | MIDDLE | {"training", "lab"},
     "cli": BASE | MIDDLE | {"algos", "training", "lab", "report"},
     "commands": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli"},  # the prefzoo console script
+    "diagnose": BASE | {"report"},  # python -m prefzoo.diagnose: the beta doctor of prefzoo.report.diagnose
     "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "commands"},
     # the Python API (prefzoo.train / load_policy): the command line's path, without its printing and exiting
     "api": BASE | MIDDLE | {"algos", "training", "cli", "commands"},

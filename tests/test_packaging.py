@@ -112,11 +112,11 @@ def test_python_m_prefzoo_without_a_command_is_one_line_and_exit_status_2(tmp_pa
                               text=True, timeout=60)
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.startswith("prefzoo: error: ") and proc.stderr.count("\n") == 1
-        assert "train, pairs, report, conformance, toy" in proc.stderr
+        assert "train, pairs, report, diagnose, conformance, toy" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "prefzoo", "--help"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0
-    assert all(f"prefzoo {c}" in proc.stdout for c in ("train", "pairs", "report", "conformance", "toy"))
+    assert all(f"prefzoo {c}" in proc.stdout for c in ("train", "pairs", "report", "diagnose", "conformance", "toy"))
 
 
 def test_a_config_folder_of_ones_own_is_added_with_config_dir(tmp_path):
