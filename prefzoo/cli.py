@@ -98,12 +98,13 @@ def to_typed(cfg: DictConfig) -> Config:
     else:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
-    from prefzoo.validation import check_batch_size, check_references, warn_idle
+    from prefzoo.validation import check_batch_size, check_kl_controller, check_references, warn_idle
 
     needs = declaration_of(typed)  # building the plugin runs its validate_settings on the resolved objective
     from prefzoo.training.distributed import launched_world_size
 
     check_batch_size(typed, needs.min_batch_size, launched_world_size())  # rows per process and step
+    check_kl_controller(typed, needs.has("adaptive_beta"))
     check_references(typed, needs.num_samples)  # early-stopping metric, adapter folder, reward functions
     from prefzoo.training.trackers import check_report_to
 

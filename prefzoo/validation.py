@@ -9,6 +9,8 @@
   completions, **columns)``. Importing a reward function runs its module: that is user code by design.
 * :func:`check_batch_size`: ``trainer.batch_size`` gives each process the rows per step the plugin declares it
   needs (``Declaration.min_batch_size``: KTO's z0 pairs each row with another row's completion).
+* :func:`check_kl_controller`: ``objective.kl_controller=adaptive`` only with a plugin that adapts beta (capability
+  ``adaptive_beta``); any other would keep beta fixed while the config says adaptive.
 * :func:`warn_idle`: legal values that make a run do nothing (``trainer.lr=0``) are warned about.
 """
 
@@ -25,7 +27,7 @@ from prefzoo.errors import ConfigError
 log = logging.getLogger("prefzoo.config")
 
 __all__ = ["non_finite_floats", "check_finite", "check_early_stopping_metric", "check_adapter_path",
-           "check_reward_functions", "check_references", "check_batch_size", "warn_idle"]
+           "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle"]
 
 
 def non_finite_floats(node, key: str = "", optional: bool = False) -> Iterator[tuple[str, float, bool]]:
@@ -118,6 +120,18 @@ def check_batch_size(cfg, min_rows: int, processes: int = 1) -> None:
         raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size}: algo={cfg.algo.name} needs at least {min_rows} "
                           f"rows per process and step (it compares the rows of a step with each other); give "
                           f"trainer.batch_size >= {need}{per}.")
+
+
+def check_kl_controller(cfg, adapts_beta: bool) -> None:
+    """``objective.kl_controller=adaptive`` needs a plugin that updates the controller (``adaptive_beta``).
+
+    Raises:
+        ConfigError: the run asks for the adaptive controller and its plugin keeps beta fixed.
+    """
+    if cfg.objective.kl_controller == "adaptive" and not adapts_beta:
+        raise ConfigError(f"objective.kl_controller=adaptive: algo={cfg.algo.name} keeps beta fixed (the adaptive "
+                          "controller of Ziegler et al. 2019 is implemented by algo=ppo); use objective."
+                          "kl_controller=fixed with objective.beta, or objective.kl_budget to stop at a KL.")
 
 
 def warn_idle(cfg, trains: bool) -> None:

@@ -135,6 +135,11 @@ CONFIG_CASES = [
     (["objective.beta=0"], "objective.beta=0.0: DPO needs beta > 0"),
     (["objective=alpha", "objective.alpha=1.5"], "0 < alpha < 1"),
     (["objective.kl_controller=adaptive"], "needs objective.kl_target > 0"),
+    # the adaptive controller only where the plugin adapts beta (PPO); GRPO would keep beta fixed, silently
+    (["algo=grpo", "objective.beta=0.04", "objective.kl_controller=adaptive", "objective.kl_target=6"],
+     "objective.kl_controller=adaptive: algo=grpo keeps beta fixed"),
+    (["algo=dpo", "objective.kl_controller=adaptive", "objective.kl_target=6"],
+     "objective.kl_controller=adaptive: algo=dpo keeps beta fixed"),
     (["objective.kl_budget=-1"], "objective.kl_budget=-1.0 is invalid"),
     (["trainer.lr=-1"], "trainer.lr=-1.0 is invalid"),
     (["trainer.batch_size=0"], "trainer.batch_size=0 is invalid"),

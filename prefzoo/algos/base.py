@@ -23,7 +23,9 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
 ``check_data``                 once, with the offline training data's statistics (class counts), before training
 ``loss_mask``                  the tokens ``loss`` returns values for (per-token losses)
 ``make_experience``            online plugins: prompts -> a scored :class:`~prefzoo.types.Experience`
-``after_step``                 once per step, with the step's metrics (adapt beta); returns extra metrics
+``after_step``                 once per step, with the step's metrics; returns extra metrics. Capability
+                               ``adaptive_beta``: it updates the KL controller (``kl_ctl``) with the step's KL, so
+                               ``objective.kl_controller=adaptive`` is honoured (refused for other plugins)
 ``evaluation_policy``          the policy the shared evaluation measures (best-of-n: its own procedure)
 ``implicit_rewards``           capability ``implicit_rewards``: held-out pair ranking
 ``reference_logps``            capability ``precomputed_reference``: summed reference log-probs of pairs
@@ -55,7 +57,7 @@ from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
 from prefzoo.types import (Batch, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
                            Scorer, ValueHeadSpec)
 
-CAPABILITIES = ("implicit_rewards", "precomputed_reference", "saves_artifacts", "step_statistics")
+CAPABILITIES = ("adaptive_beta", "implicit_rewards", "precomputed_reference", "saves_artifacts", "step_statistics")
 #: what an offline plugin trains on: preference pairs (:class:`~prefzoo.types.PreferenceBatch`) or unpaired labelled
 #: rows (:class:`~prefzoo.types.UnpairedBatch`)
 OFFLINE_DATA = ("pairs", "unpaired")

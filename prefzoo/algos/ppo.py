@@ -116,7 +116,8 @@ class PPO(Algorithm):
         # the reference is always loaded (with LoRA it is free): the KL is measured even when beta = 0
         return Declaration(reference=True, online=True, reward=True, value_head=ValueHeadSpec(self.cfg.value_adapter),
                            aggregation="token_mean", epochs=self.cfg.epochs, num_minibatches=self.cfg.num_minibatches,
-                           num_samples=self.cfg.num_samples, progress_keys=("reward", "kl", "beta", "value_loss"))
+                           num_samples=self.cfg.num_samples, progress_keys=("reward", "kl", "beta", "value_loss"),
+                           capabilities=frozenset({"adaptive_beta"}))
 
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.completion_mask

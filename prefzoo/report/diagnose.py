@@ -89,10 +89,11 @@ ZERO_ACCURACY = 0.02
 """task_accuracy at or below this with KL past its budget: collapsed (/work/runs/zoo/kto: 0.000 at KL 50 nats; the base
 SmolLM2 answers about 22% of two-digit sums, DESIGN.md)."""
 REFERENCE_FREE = frozenset({"orpo", "simpo", "sft"})
-"""Algorithms whose loss has no KL to a reference (DESIGN.md's table): their beta weighs some other term, so the
-doctor suggests no beta change there. (A run folder does not record its plugin's declaration.)"""
+"""For run folders written before summary.json recorded the plugin's declaration (``reference``, ``capabilities``):
+the algorithms whose loss has no KL to a reference (DESIGN.md's table); their beta weighs some other term, so the
+doctor suggests no beta change there."""
 ADAPTIVE_BETA = frozenset({"ppo"})
-"""Algorithms whose beta the adaptive controller steers (only PPO updates it, :mod:`prefzoo.algos.ppo`)."""
+"""For such older folders: the algorithms declaring ``adaptive_beta`` (they update the adaptive controller)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,20 @@ class Run:
         if logged:
             return float(logged[-1])  # the adaptive controller's latest value
         return float(self.summary.get("final_beta") or self.setting("objective.beta", 0.0) or 0.0)
+
+    @property
+    def reference_free(self) -> bool:
+        """The plugin declared no reference (summary.json's ``reference``; older folders: :data:`REFERENCE_FREE`)."""
+        if "reference" in self.summary:
+            return not self.summary["reference"]
+        return self.algo in REFERENCE_FREE
+
+    @property
+    def adapts_beta(self) -> bool:
+        """The plugin declared ``adaptive_beta`` (summary.json's ``capabilities``; older: :data:`ADAPTIVE_BETA`)."""
+        if "capabilities" in self.summary:
+            return "adaptive_beta" in self.summary["capabilities"]
+        return self.algo in ADAPTIVE_BETA
 
     @property
     def online(self) -> bool:
@@ -295,14 +310,14 @@ def budget_of(run: Run, limits: Limits) -> tuple[float, str]:
 def penalty_change(run: Run, budget: float) -> str:
     """The change that holds the policy closer to its reference, in this run's keys."""
     lr = float(run.setting("trainer.lr", 2e-4))
-    if run.algo in REFERENCE_FREE:
+    if run.reference_free:
         return (f"algo={run.algo}'s loss has no KL term (its objective.beta weighs another one): lower trainer.lr "
                 f"({lr:g} -> {lr / 4:g}) or stop earlier, or use an algorithm with a KL penalty (algo=dpo)")
     if run.setting("objective.kl_controller") == "adaptive":
         target, horizon = run.setting("objective.kl_target"), int(run.setting("objective.kl_horizon", 10000))
         return (f"the adaptive controller lags: objective.kl_horizon {horizon} -> {max(1, horizon // 10)} "
                 f"(it reacts sooner), or a lower objective.kl_target (now {target:g})")
-    if run.algo in ADAPTIVE_BETA:
+    if run.adapts_beta:
         other = f", or objective.kl_controller=adaptive objective.kl_target={budget:g}"
     else:
         other = f", or objective.kl_budget={budget:g} to stop there" + ("" if run.online else " (with eval.every=N)")
@@ -383,7 +398,7 @@ def drifting(run: Run, limits: Limits, budget: float) -> Finding | None:
         trend = "its trend is unknown (one KL measurement" + ("" if run.online else "; eval.every=N measures it while "
                                                            "training") + ")"
     change = penalty_change(run, budget)
-    if run.setting("objective.kl_budget") is None and run.algo in ADAPTIVE_BETA:
+    if run.setting("objective.kl_budget") is None and run.adapts_beta:
         change += f"; objective.kl_budget={budget:g} stops the run there"
     return Finding("drifting", f"KL {kl[0]:.3g} nats per completion ({kl[1]}) is past the budget of {budget:g}; "
                    f"{trend}", change, numbers)
@@ -456,7 +471,7 @@ def repetitive(run: Run, limits: Limits, budget: float) -> Finding | None:
         facts.append(f"max_repeat {repeat.first:.3g} -> {repeat.last:.3g}" + (
             " (no longer word loops: the samples of a prompt agree more)" if repeat.last <= repeat.first else ""))
     family = "; DPO family: objective=forward_kl or objective=js keeps more diversity (Wang et al. 2024)" \
-        if run.setting("objective.divergence") is not None and not run.online and run.algo not in REFERENCE_FREE else ""
+        if run.setting("objective.divergence") is not None and not run.online and not run.reference_free else ""
     return Finding("repetitive", "; ".join(facts), penalty_change(run, budget) + family, numbers)
 
 
@@ -481,7 +496,7 @@ def collapsing(run: Run, limits: Limits, budget: float) -> Finding | None:
     if not facts:
         return None
     lr = float(run.setting("trainer.lr", 2e-4))
-    smaller = "" if run.algo in REFERENCE_FREE else f"; or a smaller step: trainer.lr {lr:g} -> {lr / 4:g}"
+    smaller = "" if run.reference_free else f"; or a smaller step: trainer.lr {lr:g} -> {lr / 4:g}"
     rows = run.setting("trainer.batch_size")
     if "task_accuracy" in numbers and _number(rows) and not run.online:  # KTO: 4 rows per step collapsed, 8 did not
         smaller += f"; or steadier steps: trainer.batch_size {rows:g} -> {2 * rows:g}"

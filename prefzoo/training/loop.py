@@ -505,6 +505,8 @@ def make_summary(cfg, trainer, before, after, last, seconds, stop_reason, weight
         "kl_budget": cfg.objective.kl_budget, "kl_spent": trainer.kl_spent,
         "early_stopping": trainer.early_stopping.state_dict() if trainer.early_stopping else None,
         "num_processes": trainer.dp.world_size,
+        "reference": trainer.algo.declaration.reference,  # the plugin's declaration (prefzoo diagnose reads it)
+        "capabilities": sorted(trainer.algo.declaration.capabilities),
     }
 
 

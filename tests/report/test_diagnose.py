@@ -28,7 +28,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
 
 
 def write_run(path: Path, steps: list[dict], evals=(), *, algo="dpo", beta=0.1, lr=2e-4, online=False,
-              objective=None, algo_settings=None, summary=True) -> Path:
+              objective=None, algo_settings=None, summary=True, declaration=None) -> Path:
     """A run folder: ``steps`` numbered 1..N into metrics.jsonl, ``evals`` (each with its step) as the summary's
     eval_history, and the config keys the doctor reads."""
     path.mkdir(parents=True, exist_ok=True)
@@ -42,7 +42,8 @@ def write_run(path: Path, steps: list[dict], evals=(), *, algo="dpo", beta=0.1, 
     if summary:
         (path / "summary.json").write_text(json.dumps({
             "algo": algo, "beta": beta, "final_beta": beta, "steps": len(rows),
-            "results": {"train_kl": rows[-1].get("kl") if online else None}, "eval_history": list(evals)}))
+            "results": {"train_kl": rows[-1].get("kl") if online else None}, "eval_history": list(evals),
+            **(declaration or {})}))
     return path
 
 
@@ -243,6 +244,22 @@ def test_a_narrowing_that_raised_accuracy_says_so_once(tmp_path):
     assert "trainer.batch_size" not in found["collapsing"].change  # a narrowing, not a noisy collapse to accuracy 0
 
 
+def test_the_declaration_recorded_in_the_summary_decides_not_the_algorithm_name(tmp_path):
+    """The same ORPO-like narrowing under a plugin name the doctor has never heard of: a summary declaring no
+    reference gets the reference-free advice (no beta); one declaring a reference and no adaptive_beta gets the
+    beta change and objective.kl_budget, not the adaptive controller."""
+    evals = [{"step": 0, "kl_k1": 0.0, "entropy": 2.28, "distinct_2": 0.93, "task_accuracy": 0.255},
+             {"step": 40, "kl_k1": 9.0, "entropy": 0.51, "distinct_2": 0.65, "task_accuracy": 0.705}]
+    steps = [{"loss": 0.3, "grad_norm": 1.0}] * 40
+    free = verdicts(write_run(tmp_path / "free", steps, evals, algo="my_plugin",
+                              declaration={"reference": False, "capabilities": []}))
+    assert free["collapsing"].change.startswith("algo=my_plugin's loss has no KL term")
+    kl = verdicts(write_run(tmp_path / "kl", steps, evals, algo="orpo",
+                            declaration={"reference": True, "capabilities": ["implicit_rewards"]}))
+    assert kl["drifting"].change.startswith("objective.beta 0.1 -> 0.2")
+    assert "objective.kl_budget=6" in kl["drifting"].change and "kl_controller" not in kl["drifting"].change
+
+
 def test_a_healthy_run(tmp_path):
     """KL 2 (< 6, >= 0.1), entropy 2.0 -> 1.6 (-20%), distinct-2 0.9 -> 0.85 (-6%), length 30 -> 33 (x1.1): healthy,
     with those numbers."""
@@ -347,3 +364,5 @@ def test_a_real_tiny_run_at_a_tiny_learning_rate_is_not_moving(tmp_path):
     assert f.numbers["loss"] == pytest.approx([sum(losses[:2]) / 2, sum(losses[-2:]) / 2])
     assert f.numbers["kl"] == pytest.approx(kl) and kl < 0.1
     assert f.numbers["suggests"] == ["lr"] and f.change == "trainer.lr 1e-07 -> 1e-06 (or more trainer.max_steps)"
+    summary = json.loads((run / "summary.json").read_text())  # the plugin's declaration, recorded for the doctor
+    assert summary["reference"] is True and summary["capabilities"] == ["implicit_rewards", "precomputed_reference"]
