@@ -1,13 +1,15 @@
 """Benchmark the offline plugins' training steps on the real model: step time, tokens/s, peak memory.
 
-    .venv/bin/python bench/bench_preference.py                    # DPO, SimPO, ORPO and SFT, the issue's setting
+    .venv/bin/python bench/bench_preference.py                    # DPO, SimPO, ORPO, SFT and KTO, the issue's setting
     .venv/bin/python bench/bench_preference.py --algos dpo --steps 8 --max-length 512
     .venv/bin/python bench/bench_preference.py --algos dpo dpo:robust dpo:apo_zero dpo:sigmoid+sft
     .venv/bin/python bench/bench_preference.py --all-loss-types   # DPO with every loss type of the table
 
 An entry ``dpo:<loss_type>`` runs DPO with ``algo.loss_type=<loss_type>`` (``a+b``: the sum of both, weight 1
 each; ``robust``, ``exo_pair`` and ``aot*`` get ``algo.label_smoothing=0.1`` / ``1e-3`` / ``0``). ORPO, SimPO and
-SFT need no reference forward, so their steps should be faster than DPO's.
+SFT need no reference forward, so their steps should be faster than DPO's. KTO reads the same pairs split into
+unpaired rows (chosen desirable, rejected undesirable: 2 x ``--pairs`` rows, the same tokens as DPO's step) and
+pays one more no-grad pass of the policy and the reference over the step's mismatched rows (its z0).
 
 Setting (the same as the TRL comparison in bench/compare_trl.py): SmolLM2-135M-Instruct, LoRA r=16
 alpha=32 on all linear layers, fp32, 4 preference pairs per step, max_length 256. The pairs are real
@@ -56,6 +58,7 @@ def bench(entry: str, args) -> dict:
     from prefzoo.algos import get_algorithm
     from prefzoo.config import resolve_objective
     from prefzoo.data.preference import collate_preferences
+    from prefzoo.data.unpaired import collate_unpaired, split_pairs
     from prefzoo.models.loading import load_tokenizer
     from prefzoo.training.setup import build_policy
     from prefzoo.training.step import accumulate_gradients
@@ -71,11 +74,15 @@ def bench(entry: str, args) -> dict:
     examples = example_pairs(tok, args.pairs, args.max_length)
     batch = collate_preferences(examples, list(range(len(examples))), tok.pad_token_id)
     tokens = batch.num_tokens()
+    rows = len(examples)
+    if algo.declaration.data == "unpaired":  # KTO: the pairs' sides as rows (the same tokens)
+        unpaired = split_pairs(examples)
+        batch, rows = collate_unpaired(unpaired, list(range(len(unpaired))), tok.pad_token_id), len(unpaired)
     times = []
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        accumulate_gradients(algo, built.policy, batch, args.pairs)
+        accumulate_gradients(algo, built.policy, batch, rows)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
@@ -87,7 +94,7 @@ def bench(entry: str, args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--algos", nargs="+", default=["dpo", "simpo", "orpo", "sft"])
+    ap.add_argument("--algos", nargs="+", default=["dpo", "simpo", "orpo", "sft", "kto"])
     ap.add_argument("--all-loss-types", action="store_true", help="add dpo:<t> for every loss type of the table")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--pairs", type=int, default=4)
