@@ -11,6 +11,14 @@ Both are linear in (a, b) -- R = a x1 - b x2 with x1 = d and x2 = d^2 (best-of-n
 least-squares fit is an ordinary linear one (numpy ``lstsq``), no iterative optimiser. A fit with b <= 0 has no
 peak in d > 0 (the reward still rises over the range measured): ``peak`` then returns ``None``.
 
+Standard errors: those of ordinary least squares with X = [x1, -x2] (n x 2), Cov(a, b) = s^2 (X'X)^-1 with
+s^2 = RSS / (n - 2) (nan with n <= 2 points: no residual degree of freedom). They treat the points as independent
+with one noise level, which an RL trajectory's successive evaluations are not quite (one policy, correlated
+steps); read them as the fit's precision given the scatter of the points. The peak's (d*, R*) standard errors
+follow by the delta method: Var f = g' Cov g with g the gradient of f in (a, b) -- best-of-n
+d* = a / (2b): g = (1/(2b), -a/(2b^2)); R* = a^2/(4b): g = (a/(2b), -a^2/(4b^2)); RL d* = exp(a/b - 1):
+g = d* (1/b, -a/b^2); R* = b d*: g = (d*, d* (1 - a/b)).
+
 From a folder of runs (:mod:`prefzoo.report.runs`): :func:`overoptimisation_points` collects the (d, gold, proxy)
 points — best-of-n one per run, RL one per evaluation during training — and :func:`fit_overoptimisation` fits
 each series.
@@ -56,6 +64,7 @@ class Fit:
         r2: coefficient of determination of the fit against the points' mean (nan with < 2 points).
         n: number of points.
         baseline: the reward subtracted from every point before fitting (the reward at d = 0).
+        a_se, b_se: their standard errors (nan with fewer than 3 points); cov_ab: their covariance.
     """
 
     form: str
@@ -64,6 +73,28 @@ class Fit:
     r2: float
     n: int
     baseline: float = 0.0
+    a_se: float = float("nan")
+    b_se: float = float("nan")
+    cov_ab: float = float("nan")
+
+    @property
+    def peak_se(self) -> tuple[float, float] | None:
+        """Standard errors of :attr:`peak`'s (d*, R*) by the delta method (module docstring); None without a peak."""
+        peak = self.peak
+        if peak is None:
+            return None
+        a, b = self.a, self.b
+        d_star = peak[0]
+        if self.form == "bon":
+            grads = ((1 / (2 * b), -a / (2 * b * b)), (a / (2 * b), -a * a / (4 * b * b)))
+        else:
+            grads = ((d_star / b, -d_star * a / (b * b)), (d_star, d_star * (1 - a / b)))
+        cov = np.array([[self.a_se ** 2, self.cov_ab], [self.cov_ab, self.b_se ** 2]])
+        out = []
+        for g in grads:
+            g = np.asarray(g)
+            out.append(float(math.sqrt(max(g @ cov @ g, 0.0))) if np.isfinite(cov).all() else float("nan"))
+        return out[0], out[1]
 
     @property
     def peak(self) -> tuple[float, float] | None:
@@ -107,7 +138,11 @@ def fit(form: str, d, reward, baseline: float = 0.0) -> Fit:
     resid = r - x @ np.array([a, b])
     total = ((r - r.mean()) ** 2).sum()
     r2 = float(1 - (resid ** 2).sum() / total) if len(r) > 1 and total > 0 else float("nan")
-    return Fit(form, float(a), float(b), r2, int(len(r)), float(baseline))
+    a_se = b_se = cov_ab = float("nan")
+    if len(r) > 2:
+        cov = (resid ** 2).sum() / (len(r) - 2) * np.linalg.pinv(x.T @ x)
+        a_se, b_se, cov_ab = float(math.sqrt(max(cov[0, 0], 0))), float(math.sqrt(max(cov[1, 1], 0))), float(cov[0, 1])
+    return Fit(form, float(a), float(b), r2, int(len(r)), float(baseline), a_se, b_se, cov_ab)
 
 
 def observed_peak(d, reward) -> tuple[float, float]:
