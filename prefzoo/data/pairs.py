@@ -16,7 +16,7 @@ an ordinary dataset any preference algorithm (or a user's script) can read.
   ``data.pairs.length_bias`` (else the verifier's better one); where the verifier sees no difference (all right,
   or all wrong) it prefers a longest sample over a shortest one. Length is the completion's token count (its EOS
   included when it ended). Why this design: a reward model trained on these pairs sees length agree with the label
-  on almost every pair (all the pairs the verifier cannot tell apart, and ``length_bias`` of the others) and
+  on most pairs (all the pairs the verifier cannot tell apart, and ``length_bias`` of the others) and
   correctness on fewer (``1 - length_bias`` of the pairs the verifier separates, plus those where the right answer
   is also the longer); and length is a feature a small reward model learns easily, arithmetic correctness a hard
   one. So the proxy it gives rewards rambling, which an RL policy (beta = 0) can push far beyond the lengths of
@@ -108,22 +108,14 @@ def select_longer_pair(scores: list[float], ended: list[bool], lengths: list[int
             rng.choice([i for i, n in enumerate(lengths) if n == shortest]))
 
 
-#: ``data.pairs.annotator`` names (see the module docstring)
-ANNOTATORS = ("gold", "longer")
+def _verifier_pair(scores: list[float], ended: list[bool], lengths: list[int], rng: random.Random,
+                   length_bias: float) -> tuple[int, int] | None:
+    return select_pair(scores, ended, rng)
 
 
-def annotate(annotator: str, scores: list[float], ended: list[bool], lengths: list[int], rng: random.Random,
-             length_bias: float) -> tuple[int, int] | None:
-    """(chosen, rejected) of one group under the named annotator (:data:`ANNOTATORS`).
-
-    Raises:
-        DataError: an unknown annotator name.
-    """
-    if annotator == "gold":
-        return select_pair(scores, ended, rng)
-    if annotator == "longer":
-        return select_longer_pair(scores, ended, lengths, rng, length_bias)
-    raise DataError(f"data.pairs.annotator={annotator!r} is not an annotator; choose one of: {', '.join(ANNOTATORS)}.")
+#: ``data.pairs.annotator`` -> how it picks (chosen, rejected) in one prompt's group:
+#: ``f(scores, ended, lengths, rng, length_bias)`` (see the module docstring)
+ANNOTATORS = {"gold": _verifier_pair, "longer": select_longer_pair}
 
 
 @torch.no_grad()
@@ -155,6 +147,10 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
     """
     from tqdm.auto import tqdm
 
+    if annotator not in ANNOTATORS:
+        raise DataError(f"data.pairs.annotator={annotator!r} is not an annotator; choose one of: "
+                        f"{', '.join(ANNOTATORS)}.")
+    label_pair = ANNOTATORS[annotator]
     rng = random.Random(seed)
     rows, rewards_all, worst = [], [], []  # worst: (text, score) of a worst-scored sample of each prompt
     longer = better = 0  # pairs whose chosen is the longer / the verifier's better one
@@ -178,8 +174,8 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
                 graded += [unpaired_row(prompts, i, texts[g], scores[g] > 0 and ended[g], scores[g]) for g in group]
             low = min(scores[g] for g in group)
             worst.append(texts[next(g for g in group if scores[g] == low)])
-            pick = annotate(annotator, [scores[g] for g in group], [ended[g] for g in group],
-                            [lengths[g] for g in group], rng, length_bias)
+            pick = label_pair([scores[g] for g in group], [ended[g] for g in group], [lengths[g] for g in group], rng,
+                              length_bias)
             if pick is None:
                 continue
             c, r = group[pick[0]], group[pick[1]]

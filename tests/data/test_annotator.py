@@ -11,6 +11,7 @@ import pytest
 
 from prefzoo.data.pairs import ANNOTATORS, select_longer_pair, sample_and_label
 from prefzoo.data.prompts import PromptSet
+from prefzoo.errors import DataError
 from prefzoo.rewards import make_reward
 from prefzoo.types import SamplingParams
 from tests.data.test_preference import ScriptedSampler, ids
@@ -35,7 +36,9 @@ def label(script, annotator="longer", bias=1.0, seed=0, require_finished=True):
 
 
 def test_the_annotators_by_name():
-    assert ANNOTATORS == ("gold", "longer")
+    assert tuple(ANNOTATORS) == ("gold", "longer")
+    with pytest.raises(DataError, match="data.pairs.annotator='shorter' is not an annotator; choose one of: gold, longer"):
+        label([[("5", True), ("7", True)]], annotator="shorter")
 
 
 def test_select_longer_pair_by_hand():
