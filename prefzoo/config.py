@@ -27,7 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from prefzoo.types import ObjectiveSettings
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
-from prefzoo.validation import check_finite
+from prefzoo.validation import check_annotator, check_finite
 
 
 @dataclass
@@ -81,6 +81,8 @@ class PairsConfig:
     batch_size: int = 16  # prompts per generate() call
     eval_prompts: int = 64  # held-out prompts for the preference-accuracy pairs
     require_finished: bool = True  # chosen must end by itself (EOS); false: compare completions cut at max_new_tokens
+    annotator: str = "gold"  # who labels the pairs: gold (the verifier) | longer (length-biased; prefzoo.data.pairs)
+    length_bias: float = 0.5  # annotator=longer: probability of preferring the longer over the verifier's better
 
 
 @dataclass
@@ -321,6 +323,7 @@ def validate(cfg: Config) -> Config:
     _choice("data.on_bad_row", d.on_bad_row, ("error", "skip"))
     if not 0 < d.eval_fraction < 1:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must be in (0, 1): the share of a file held out.")
+    check_annotator(d.pairs)
     if d.pairs.num_samples < 2:
         raise ConfigError(f"data.pairs.num_samples={d.pairs.num_samples}: a pair needs at least 2 samples "
                           "per prompt.")

@@ -3,6 +3,8 @@
 * :func:`check_finite`: no float anywhere in the typed config (objective, trainer, data, model, rollout, eval,
   the algorithm's own settings, lists of weights) is NaN or infinite. A generic walk over the dataclasses, so a
   float key added later is covered without a line here.
+* :func:`check_annotator`: ``data.pairs.annotator`` names an annotator of the built-in pairs, ``length_bias`` is
+  in [0, 1].
 * :func:`check_references`: what the config names exists. ``trainer.early_stopping.metric`` is a metric the
   evaluation reports; ``model.adapter_path`` is a folder holding ``adapter_config.json``; every reward function
   (``reward.functions``, ``eval.gold_reward.functions``) imports, is callable and takes ``(prompts,
@@ -26,7 +28,7 @@ from prefzoo.errors import ConfigError
 
 log = logging.getLogger("prefzoo.config")
 
-__all__ = ["non_finite_floats", "check_finite", "check_early_stopping_metric", "check_adapter_path",
+__all__ = ["non_finite_floats", "check_finite", "check_annotator", "check_early_stopping_metric", "check_adapter_path",
            "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle"]
 
 
@@ -52,6 +54,23 @@ def check_finite(cfg) -> None:
     for key, value, optional in non_finite_floats(cfg):
         raise ConfigError(f"{key}={value} is not a finite number; give a finite value"
                           f"{f' (or {key}=null)' if optional else ''}.")
+
+
+def check_annotator(pairs) -> None:
+    """``data.pairs.annotator`` names an annotator of :mod:`prefzoo.data.pairs` and ``length_bias`` is a probability.
+
+    Raises:
+        ConfigError: naming the key, its value and the valid ones.
+    """
+    from prefzoo.data.pairs import ANNOTATORS
+
+    if pairs.annotator not in ANNOTATORS:
+        raise ConfigError(f"data.pairs.annotator={pairs.annotator!r} is not valid; choose one of: "
+                          f"{', '.join(ANNOTATORS)} (gold: the verifier labels the pairs; longer: a length-biased "
+                          "annotator, see prefzoo.data.pairs).")
+    if not 0 <= pairs.length_bias <= 1:
+        raise ConfigError(f"data.pairs.length_bias={pairs.length_bias} must be in [0, 1]: the probability that "
+                          "data.pairs.annotator=longer prefers the longer answer over the verifier's better one.")
 
 
 def check_early_stopping_metric(cfg, group_size: int = 0) -> None:

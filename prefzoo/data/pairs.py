@@ -6,6 +6,24 @@ whose samples the verifier tells apart: ``chosen`` is a best-scored sample that 
 ``rejected`` a worst-scored one, and chosen must score strictly higher (ties broken at random, seeded). Rows are written in the standard conversational preference format, so the result is
 an ordinary dataset any preference algorithm (or a user's script) can read.
 
+**Annotators** (``data.pairs.annotator``, :data:`ANNOTATORS`): who labels the pair of each prompt.
+
+* ``gold`` (the default): the verifier, as above (:func:`select_pair`).
+* ``longer``: a LENGTH-BIASED annotator (:func:`select_longer_pair`), the biased human labeller of the canonical
+  reward-hacking example (note 000, section 2.1: "the reward model might have learned that longer answers are
+  preferred (training data was correlated with length)"). It looks at the pair the verifier would label (a
+  best-scored and a worst-scored sample) and prefers the LONGER of the two with probability
+  ``data.pairs.length_bias`` (else the verifier's better one); where the verifier sees no difference (all right,
+  or all wrong) it prefers a longest sample over a shortest one. Length is the completion's token count (its EOS
+  included when it ended). Why this design: a reward model trained on these pairs sees length agree with the label
+  on most pairs (all the pairs the verifier cannot tell apart, and ``length_bias`` of the others) and
+  correctness on fewer (``1 - length_bias`` of the pairs the verifier separates, plus those where the right answer
+  is also the longer); and length is a feature a small reward model learns easily, arithmetic correctness a hard
+  one. So the proxy it gives rewards rambling, which an RL policy (beta = 0) can push far beyond the lengths of
+  the training pairs while the gold (the verifier) falls: the over-optimisation recipe
+  ``overoptimisation_length``. ``stats`` report the share of pairs whose chosen is the longer (``chosen_longer``)
+  and the share the verifier prefers (``chosen_better``): the two correlations the proxy learns from.
+
 When the model never tells two samples of a prompt apart (a random model such as ``model=tiny`` never answers
 right), the pairs take the task's known answer (its ``answer`` column) as ``chosen`` against a sampled answer,
 with a warning saying so; a task without known answers then stops with a message giving the sample accuracy and
@@ -58,10 +76,53 @@ def select_pair(scores: list[float], ended: list[bool], rng: random.Random) -> t
     return chosen, rejected
 
 
+def select_longer_pair(scores: list[float], ended: list[bool], lengths: list[int], rng: random.Random,
+                       length_bias: float) -> tuple[int, int] | None:
+    """Indices (chosen, rejected) of one group's samples as the length-biased annotator labels them, or None.
+
+    The pair: the verifier's (:func:`select_pair`: a best-scored ended sample and a worst-scored one) when the
+    verifier tells the samples apart, else a longest ended sample and a shortest sample (ties at random). The
+    label: with probability ``length_bias`` (one ``rng.random()`` draw per separated pair) the longer of the pair is
+    chosen, else the verifier's better one; a pair the verifier does not separate is labelled by length alone. The
+    chosen must have ended (``ended``; all True when ``data.pairs.require_finished=false``): a longer sample that
+    did not end leaves the verifier's label. No pair: the verifier separates nothing and no ended sample is
+    strictly longer than a shortest one.
+
+    Args:
+        scores: the verifier's score of each sample. ended: whether it ended by itself (EOS).
+        lengths: its completion length in tokens. length_bias: in [0, 1].
+    """
+    gold = select_pair(scores, ended, rng)
+    if gold is not None:
+        better, worse = gold
+        if rng.random() < length_bias and lengths[worse] > lengths[better] and ended[worse]:
+            return worse, better
+        return better, worse
+    finished = [i for i, e in enumerate(ended) if e]
+    if not finished:
+        return None
+    longest, shortest = max(lengths[i] for i in finished), min(lengths)
+    if longest <= shortest:
+        return None
+    return (rng.choice([i for i in finished if lengths[i] == longest]),
+            rng.choice([i for i, n in enumerate(lengths) if n == shortest]))
+
+
+def _verifier_pair(scores: list[float], ended: list[bool], lengths: list[int], rng: random.Random,
+                   length_bias: float) -> tuple[int, int] | None:
+    return select_pair(scores, ended, rng)
+
+
+#: ``data.pairs.annotator`` -> how it picks (chosen, rejected) in one prompt's group:
+#: ``f(scores, ended, lengths, rng, length_bias)`` (see the module docstring)
+ANNOTATORS = {"gold": _verifier_pair, "longer": select_longer_pair}
+
+
 @torch.no_grad()
 def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: SamplingParams, batch_size: int,
                      seed: int, progress: bool = True, require_finished: bool = True,
-                     known_answer: bool = False, graded: list[dict] | None = None) -> tuple[list[dict], dict]:
+                     known_answer: bool = False, graded: list[dict] | None = None, annotator: str = "gold",
+                     length_bias: float = 0.5) -> tuple[list[dict], dict]:
     """Sample k completions per prompt and turn disagreeing groups into preference rows.
 
     Args:
@@ -76,15 +137,23 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         graded: a list to which every graded sample is appended as an unpaired row ``{prompt, completion, label,
             reward, <columns>}`` (label: reward > 0 and, under ``require_finished``, ended by itself), followed
             by the known answers of the fallback's pairs as desirable rows; None: not kept.
+        annotator: who labels each group's pair (:data:`ANNOTATORS`; ``longer``: :func:`select_longer_pair` with
+            ``length_bias``). The known-answer fallback is the verifier's either way.
 
     Returns:
         (rows, stats): rows ``{prompt, chosen, rejected, chosen_reward, rejected_reward, <columns>}``;
-        stats with counts and the mean sample reward.
+        stats with counts, the mean sample reward, and over the sampled pairs the share whose chosen is the longer
+        (``chosen_longer``, in tokens) and the share whose chosen the verifier scores higher (``chosen_better``).
     """
     from tqdm.auto import tqdm
 
+    if annotator not in ANNOTATORS:
+        raise DataError(f"data.pairs.annotator={annotator!r} is not an annotator; choose one of: "
+                        f"{', '.join(ANNOTATORS)}.")
+    label_pair = ANNOTATORS[annotator]
     rng = random.Random(seed)
     rows, rewards_all, worst = [], [], []  # worst: (text, score) of a worst-scored sample of each prompt
+    longer = better = 0  # pairs whose chosen is the longer / the verifier's better one
     tok = policy.tokenizer
     starts = range(0, len(prompts), batch_size)
     for start in tqdm(starts, desc=f"sampling {k} per prompt", disable=not progress, unit="batch"):
@@ -98,16 +167,19 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
         scores = [float(s) for s in reward_fn(prompt_texts, texts, **cols)]
         rewards_all += scores
         ended = (~samples.truncated).tolist() if require_finished else [True] * len(texts)
+        lengths = samples.completion_mask.sum(-1).tolist()
         for j, i in enumerate(idx):
             group = list(range(j * k, (j + 1) * k))
             if graded is not None:
                 graded += [unpaired_row(prompts, i, texts[g], scores[g] > 0 and ended[g], scores[g]) for g in group]
             low = min(scores[g] for g in group)
             worst.append(texts[next(g for g in group if scores[g] == low)])
-            pick = select_pair([scores[g] for g in group], [ended[g] for g in group], rng)
+            pick = label_pair([scores[g] for g in group], [ended[g] for g in group], [lengths[g] for g in group], rng,
+                              length_bias)
             if pick is None:
                 continue
             c, r = group[pick[0]], group[pick[1]]
+            longer, better = longer + (lengths[c] > lengths[r]), better + (scores[c] > scores[r])
             row = {"prompt": prompts.raw[i] if prompts.raw is not None else prompts.texts[i],
                    "chosen": [{"role": "assistant", "content": texts[c]}],
                    "rejected": [{"role": "assistant", "content": texts[r]}],
@@ -115,7 +187,8 @@ def sample_and_label(policy, prompts: PromptSet, reward_fn, k: int, params: Samp
             row.update({col: v[i] for col, v in prompts.columns.items() if col not in ("prompt", "prompt_text")})
             rows.append(row)
     stats = {"prompts": len(prompts), "samples": len(rewards_all), "pairs": len(rows),
-             "mean_sample_reward": sum(rewards_all) / max(1, len(rewards_all))}
+             "mean_sample_reward": sum(rewards_all) / max(1, len(rewards_all)),
+             "chosen_longer": longer / max(1, len(rows)), "chosen_better": better / max(1, len(rows))}
     if not rows and known_answer and "answer" in prompts.columns:
         rows = known_answer_pairs(prompts, worst, reward_fn)
         stats.update(pairs=len(rows), known_answer_pairs=len(rows))
@@ -196,6 +269,9 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     pairs_key = dict(vars(p) if not hasattr(p, "_content") else p)
     if pairs_key.get("require_finished", True):  # the default leaves the key (and the caches built before it) as it was
         pairs_key.pop("require_finished", None)
+    if pairs_key.get("annotator", "gold") == "gold":  # likewise the verifier's pairs (length_bias plays no part)
+        pairs_key.pop("annotator", None)
+        pairs_key.pop("length_bias", None)
     task = {k: getattr(cfg.data, k) for k in ("name", "seed", "num_train", "num_eval", "digits", "ops", "word_problems",
                                               "max_prompt_length")}
     if cfg.data.name == "reasoning_gym":  # (only then: the keys of the other tasks' caches stay as they were)
@@ -222,7 +298,8 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
         rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.num_samples, params,
                                    p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress,
                                    require_finished=p.require_finished, known_answer=True,
-                                   graded=graded if name == "train" else None)
+                                   graded=graded if name == "train" else None, annotator=p.annotator,
+                                   length_bias=p.length_bias)
         if not rows:
             raise DataError(no_pairs_message(cfg, name, s))
         if s.get("known_answer_pairs"):

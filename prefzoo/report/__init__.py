@@ -14,15 +14,19 @@ values differ between runs are the swept settings and become the table's first c
 * ``metrics_per_run.png`` — when no numeric setting was swept (algorithms, files, a single run): each measured
   evaluation key (accuracies, rewards, preference accuracy, KL, entropy, distinct-2), one bar per run;
 * with a gold reward in the evaluations (``eval.gold_reward``): ``overoptimisation.png`` and a section with
-  the least-squares fits R_bon(d) = d(a - b d) and R_RL(d) = d(a - b log d) of Gao et al. 2023
-  (:mod:`prefzoo.report.overoptimisation`) and where the gold reward peaks;
+  the least-squares fits R_bon(d) = d(a - b d) and R_RL(d) = d(a - b log d) of Gao et al. 2023 (± standard
+  errors; :mod:`prefzoo.report.overoptimisation`), where the gold reward peaks and whether it falls past the peak
+  while the proxy rises; ``bon_vs_rl.png`` and best-of-n minus RL at equal d (both kinds of run present); and
+  ``speed_shape.png`` with the test of "beta sets the speed, not the shape" (an RL algorithm at 2+ betas with a
+  repeated seed: :mod:`prefzoo.report.speed_shape`);
 
 and prints where it wrote them; a heading without content is left out. :class:`prefzoo.report.callbacks.WriteReport`
 runs it at the end of every Hydra multirun (``prefzoo/conf/config.yaml``).
 
 The package, one idea a module: :mod:`~prefzoo.report.runs` (reading the runs and what was swept),
 :mod:`~prefzoo.report.tables` (the markdown), :mod:`~prefzoo.report.plots` (the figures and their captions),
-:mod:`~prefzoo.report.overoptimisation` (the fits of Gao et al. 2023), :mod:`~prefzoo.report.callbacks` (the
+:mod:`~prefzoo.report.overoptimisation` (the fits of Gao et al. 2023), :mod:`~prefzoo.report.speed_shape` (beta:
+the speed or the shape), :mod:`~prefzoo.report.callbacks` (the
 Hydra callbacks that make a recipe one command); this module puts them together (:func:`write_report`).
 """
 
@@ -33,11 +37,12 @@ import sys
 from pathlib import Path
 
 from prefzoo.errors import DataError, PrefzooError
-from prefzoo.report.overoptimisation import fit_overoptimisation, overoptimisation_points
-from prefzoo.report.plots import (caption, plot_against, plot_diversity, plot_frontier, plot_overoptimisation,
-                                  plot_per_run, plot_reward_vs_diversity)
+from prefzoo.report.overoptimisation import bon_against_rl, fit_overoptimisation, overoptimisation_points
+from prefzoo.report.plots import (caption, plot_against, plot_bon_vs_rl, plot_diversity, plot_frontier,
+                                  plot_overoptimisation, plot_per_run, plot_reward_vs_diversity, plot_speed_shape)
 from prefzoo.report.runs import HEADLINE, is_number, load_runs, swept_keys
-from prefzoo.report.tables import legend, markdown_table, overoptimisation_section
+from prefzoo.report.speed_shape import rl_curves, speed_shape_test
+from prefzoo.report.tables import legend, markdown_table, overoptimisation_section, speed_shape_section
 
 __all__ = ["write_report", "main", "load_runs", "swept_keys", "markdown_table"]
 
@@ -75,14 +80,18 @@ def write_report(root: Path, out: Path | None = None) -> dict:
         plots.append(p)
     text = f"# prefzoo report: {root}\n\n{len(runs)} runs; swept: {', '.join(keys) or 'nothing'}.\n\n{table}\n"
     text += legend(runs, keys=keys) + "\n"
-    fits = []
+    fits, shape = [], []
     points = overoptimisation_points(runs)
     if points["bon"] or points["rl"]:
         fits = fit_overoptimisation(points)
-        p = plot_overoptimisation(points, fits, out / "overoptimisation.png")
-        if p:
-            plots.insert(0, p)
-        text += overoptimisation_section(points, fits) + "\n"
+        versus = bon_against_rl(points)
+        shape = speed_shape_test(rl_curves(runs))
+        for i, p in enumerate([plot_overoptimisation(points, fits, out / "overoptimisation.png"),
+                               plot_bon_vs_rl(points, fits, out / "bon_vs_rl.png"),
+                               plot_speed_shape(shape, out / "speed_shape.png")]):
+            if p:
+                plots.insert(i, p)
+        text += overoptimisation_section(points, fits, versus) + "\n" + speed_shape_section(shape)
     if plots:  # no heading without a plot under it
         text += "## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n*{caption(p)}*\n\n" for p in plots)
     (out / "report.md").write_text(text)

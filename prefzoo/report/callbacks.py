@@ -74,18 +74,39 @@ class TrainFirst(Callback):
         subdir: its folder inside the sweep folder; the sweep's jobs find it as ``${hydra:sweep.dir}/<subdir>``.
         done_file: the file whose presence means the run is done (default ``summary.json``).
         what: a few words for the log line.
+        reuse_key: a config key naming a folder (the overoptimisation recipes: ``reward.path``) that, when it holds
+            ``done_file``, is the prerequisite already done: nothing is trained, so ``reward.path=<an algo=rm run>``
+            reuses that proxy (by default the key names the sweep's own folder). Read when the sweep starts, with
+            ``${hydra:...}`` resolved as in the jobs.
     Raises:
         RuntimeError: the prerequisite run failed (its exit status and folder are in the message).
     """
 
-    def __init__(self, overrides: list[str], subdir: str, done_file: str = "summary.json", what: str = "prerequisite"):
+    def __init__(self, overrides: list[str], subdir: str, done_file: str = "summary.json", what: str = "prerequisite",
+                 reuse_key: str | None = None):
         self.overrides, self.subdir, self.done_file, self.what = list(overrides), subdir, done_file, what
+        self.reuse_key = reuse_key
+
+    def _reused(self, config: DictConfig) -> list[Path]:
+        """The folder ``reuse_key`` names ([] without one)."""
+        if not self.reuse_key:
+            return []
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        try:  # ${hydra:sweep.dir} resolves as it will in every job (a sweep's config is a full Hydra config)
+            HydraConfig.instance().set_config(config)
+        except Exception:  # noqa: BLE001 -- a partial config (tests): a ${hydra:...} value then does not resolve
+            pass
+        value = OmegaConf.select(config, self.reuse_key, throw_on_resolution_failure=False)
+        return [Path(str(value))] if value else []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         folder = Path(config.hydra.sweep.dir) / self.subdir
-        if (folder / self.done_file).is_file():
-            print(f"[prefzoo] {self.what}: found {folder}, not retrained", flush=True)
-            return
+        for found in self._reused(config) + [folder]:
+            if (found / self.done_file).is_file():
+                print(f"[prefzoo] {self.what}: found {found}, not retrained", flush=True)
+                return
         # hydra.output_subdir=null: no .hydra/ folder, so the report does not count it as one of the sweep's jobs
         cmd = [*TRAIN_CMD, *self.overrides, f"hydra.run.dir={folder}", "hydra.output_subdir=null"]
         print(f"[prefzoo] {self.what}: {' '.join(cmd[1:])}", flush=True)

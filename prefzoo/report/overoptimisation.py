@@ -11,6 +11,14 @@ Both are linear in (a, b) -- R = a x1 - b x2 with x1 = d and x2 = d^2 (best-of-n
 least-squares fit is an ordinary linear one (numpy ``lstsq``), no iterative optimiser. A fit with b <= 0 has no
 peak in d > 0 (the reward still rises over the range measured): ``peak`` then returns ``None``.
 
+Standard errors: those of ordinary least squares with X = [x1, -x2] (n x 2), Cov(a, b) = s^2 (X'X)^-1 with
+s^2 = RSS / (n - 2) (nan with n <= 2 points: no residual degree of freedom). They treat the points as independent
+with one noise level, which an RL trajectory's successive evaluations are not quite (one policy, correlated
+steps); read them as the fit's precision given the scatter of the points. The peak's (d*, R*) standard errors
+follow by the delta method: Var f = g' Cov g with g the gradient of f in (a, b) -- best-of-n
+d* = a / (2b): g = (1/(2b), -a/(2b^2)); R* = a^2/(4b): g = (a/(2b), -a^2/(4b^2)); RL d* = exp(a/b - 1):
+g = d* (1/b, -a/b^2); R* = b d*: g = (d*, d* (1 - a/b)).
+
 From a folder of runs (:mod:`prefzoo.report.runs`): :func:`overoptimisation_points` collects the (d, gold, proxy)
 points — best-of-n one per run, RL one per evaluation during training — and :func:`fit_overoptimisation` fits
 each series.
@@ -25,7 +33,8 @@ import numpy as np
 
 from prefzoo.report.runs import eval_history, is_best_of_n, is_number
 
-__all__ = ["FORMS", "Fit", "fit", "predict", "observed_peak", "overoptimisation_points", "fit_overoptimisation"]
+__all__ = ["FORMS", "Fit", "fit", "predict", "observed_peak", "overoptimisation_points", "fit_overoptimisation",
+           "rl_label", "peak_verdict", "gap_at_equal_d", "bon_against_rl"]
 
 #: form name -> the regressor multiplying -b (the one multiplying a is d itself)
 FORMS = {"bon": "d^2", "rl": "d log d"}
@@ -56,6 +65,7 @@ class Fit:
         r2: coefficient of determination of the fit against the points' mean (nan with < 2 points).
         n: number of points.
         baseline: the reward subtracted from every point before fitting (the reward at d = 0).
+        a_se, b_se: their standard errors (nan with fewer than 3 points); cov_ab: their covariance.
     """
 
     form: str
@@ -64,6 +74,28 @@ class Fit:
     r2: float
     n: int
     baseline: float = 0.0
+    a_se: float = float("nan")
+    b_se: float = float("nan")
+    cov_ab: float = float("nan")
+
+    @property
+    def peak_se(self) -> tuple[float, float] | None:
+        """Standard errors of :attr:`peak`'s (d*, R*) by the delta method (module docstring); None without a peak."""
+        peak = self.peak
+        if peak is None:
+            return None
+        a, b = self.a, self.b
+        d_star = peak[0]
+        if self.form == "bon":
+            grads = ((1 / (2 * b), -a / (2 * b * b)), (a / (2 * b), -a * a / (4 * b * b)))
+        else:
+            grads = ((d_star / b, -d_star * a / (b * b)), (d_star, d_star * (1 - a / b)))
+        cov = np.array([[self.a_se ** 2, self.cov_ab], [self.cov_ab, self.b_se ** 2]])
+        out = []
+        for g in grads:
+            g = np.asarray(g)
+            out.append(float(math.sqrt(max(g @ cov @ g, 0.0))) if np.isfinite(cov).all() else float("nan"))
+        return out[0], out[1]
 
     @property
     def peak(self) -> tuple[float, float] | None:
@@ -107,7 +139,11 @@ def fit(form: str, d, reward, baseline: float = 0.0) -> Fit:
     resid = r - x @ np.array([a, b])
     total = ((r - r.mean()) ** 2).sum()
     r2 = float(1 - (resid ** 2).sum() / total) if len(r) > 1 and total > 0 else float("nan")
-    return Fit(form, float(a), float(b), r2, int(len(r)), float(baseline))
+    a_se = b_se = cov_ab = float("nan")
+    if len(r) > 2:
+        cov = (resid ** 2).sum() / (len(r) - 2) * np.linalg.pinv(x.T @ x)
+        a_se, b_se, cov_ab = float(math.sqrt(max(cov[0, 0], 0))), float(math.sqrt(max(cov[1, 1], 0))), float(cov[0, 1])
+    return Fit(form, float(a), float(b), r2, int(len(r)), float(baseline), a_se, b_se, cov_ab)
 
 
 def observed_peak(d, reward) -> tuple[float, float]:
@@ -118,9 +154,18 @@ def observed_peak(d, reward) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------------------------- from runs
+def rl_label(run: dict) -> str:
+    """An RL run's series name: ``<algo> β=<beta> (<folder>)``."""
+    s = run["summary"]
+    label = f"{s.get('algo')} β={s.get('beta'):g}" if is_number(s.get("beta")) else str(s.get("algo"))
+    return f"{label} ({run['dir'].name})"
+
+
 def overoptimisation_points(runs: list[dict]) -> dict:
-    """Points (d, gold, proxy) for best-of-n (one point per run: its n) and for each RL run (its evaluations
-    during training), plus the baselines (mean rewards of the d = 0 points: the reference policy)."""
+    """Points for best-of-n (one per run: its n) and for each RL run (its evaluations during training), plus the
+    baselines (mean rewards of the d = 0 points: the reference policy). A point is the tuple
+    ``(d, gold, proxy, step, n, gold_se, proxy_se)``: n is best-of-n's (None for RL), proxy and the standard
+    errors None where the evaluation has none."""
     bon, rl = [], {}
     for run in runs:
         s = run["summary"]
@@ -130,12 +175,14 @@ def overoptimisation_points(runs: list[dict]) -> dict:
             kl, gold, proxy = e.get("kl_k1"), e.get("gold_sample_reward"), e.get("sample_reward")
             if not (is_number(kl) and is_number(gold)):
                 continue
-            point = (math.sqrt(max(kl, 0.0)), gold, proxy if is_number(proxy) else None, e.get("step"))
+            n = (s.get("algo_settings") or {}).get("n", run["overrides"].get("algo.n")) if is_best_of_n(run) else None
+            se = [e.get(f"{k}_se") if is_number(e.get(f"{k}_se")) else None for k in ("gold_sample_reward",
+                                                                                        "sample_reward")]
+            point = (math.sqrt(max(kl, 0.0)), gold, proxy if is_number(proxy) else None, e.get("step"), n, *se)
             if is_best_of_n(run):
-                bon.append(point + ((s.get("algo_settings") or {}).get("n", run["overrides"].get("algo.n")),))
+                bon.append(point)
             else:
-                label = f"{s.get('algo')} β={s.get('beta'):g}" if is_number(s.get("beta")) else str(s.get("algo"))
-                rl.setdefault(f"{label} ({run['dir'].name})", []).append(point)
+                rl.setdefault(rl_label(run), []).append(point)
     rl = {k: sorted(v, key=lambda p: p[3] or 0) for k, v in rl.items()}
     # the reference itself: best-of-1, and each RL run before training (step 0; not a later point whose KL estimate
     # happens to be <= 0)
@@ -160,4 +207,65 @@ def fit_overoptimisation(points: dict) -> list[dict]:
             f = fit(form, d, r, baseline=base or 0.0)
             out.append({"series": name, "reward": which, "form": form, "fit": f, "observed_peak": observed_peak(d, r),
                         "d_max": max(d)})
+    return out
+
+
+# ---------------------------------------------------------------------------- the inverted U, and BoN vs RL
+#: a fall of gold past its peak counts when it exceeds this many standard errors
+FALL_Z = 2.0
+
+
+def peak_verdict(points: list[tuple]) -> dict | None:
+    """Does gold fall past its peak while the proxy keeps rising? From one series' measured points (no model).
+
+    The peak: the point of highest gold. The end: the point of largest d. ``fall`` = gold at the peak - gold at the
+    end, with ``fall_se`` = sqrt(se_peak^2 + se_end^2) (the evaluations' standard errors, independent samples; nan
+    where a point has none); ``proxy_rise`` = proxy at the end - proxy at the peak. ``inverted_u``: the peak lies
+    before the end, the fall exceeds :data:`FALL_Z` standard errors (or is > 0 without standard errors) and the
+    proxy rose past the peak. None with fewer than 2 points.
+    """
+    if len(points) < 2:
+        return None
+    peak = max(points, key=lambda p: p[1])
+    end = max(points, key=lambda p: (p[0], p[3] or 0))
+    fall = peak[1] - end[1]
+    fall_se = math.sqrt(peak[5] ** 2 + end[5] ** 2) if peak[5] is not None and end[5] is not None else float("nan")
+    rise = end[2] - peak[2] if end[2] is not None and peak[2] is not None else None
+    significant = fall > FALL_Z * fall_se if math.isfinite(fall_se) and fall_se > 0 else fall > 0
+    return {"d_peak": peak[0], "gold_peak": peak[1], "gold_peak_se": peak[5], "step_peak": peak[3], "n_peak": peak[4],
+            "d_end": end[0], "gold_end": end[1], "fall": fall, "fall_se": fall_se, "proxy_peak": peak[2],
+            "proxy_end": end[2], "proxy_rise": rise,
+            "inverted_u": bool(end is not peak and significant and rise is not None and rise > 0)}
+
+
+def _curve(points: list[tuple], col: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(d, value) of a series sorted by d (a stable sort: equal d keep their order), for ``np.interp``."""
+    pts = sorted((p for p in points if p[col] is not None), key=lambda p: p[0])
+    return np.array([p[0] for p in pts], dtype=float), np.array([p[col] for p in pts], dtype=float)
+
+
+def gap_at_equal_d(first: list[tuple], second: list[tuple], col: int = 1, grid_points: int = 25) -> dict | None:
+    """``first`` minus ``second`` at equal d, where both were measured: each series' reward (``col``: 1 gold, 2
+    proxy) linearly interpolated in d (points sorted by d) on ``grid_points`` equally spaced d over the overlap
+    [max of the two smallest d, min of the two largest]; the mean gap over that grid and the gap at its end.
+    None when the overlap is empty (or a series has < 2 points)."""
+    (d1, r1), (d2, r2) = _curve(first, col), _curve(second, col)
+    if len(d1) < 2 or len(d2) < 2:
+        return None
+    lo, hi = max(d1.min(), d2.min()), min(d1.max(), d2.max())
+    if not hi > lo:
+        return None
+    grid = np.linspace(lo, hi, grid_points)
+    gap = np.interp(grid, d1, r1) - np.interp(grid, d2, r2)
+    return {"d_lo": float(lo), "d_hi": float(hi), "mean_gap": float(gap.mean()), "end_gap": float(gap[-1])}
+
+
+def bon_against_rl(points: dict) -> list[dict]:
+    """Best-of-n against each RL run at the same KL (note 004: "best-of-n is more robust at small KL"): gold and
+    proxy of best-of-n minus RL at equal d (:func:`gap_at_equal_d`), one entry per RL series that overlaps it."""
+    out = []
+    for name, pts in points["rl"].items():
+        gold, proxy = gap_at_equal_d(points["bon"], pts, 1), gap_at_equal_d(points["bon"], pts, 2)
+        if gold is not None:
+            out.append({"series": name, "gold": gold, "proxy": proxy})
     return out

@@ -14,7 +14,7 @@ from prefzoo.report.labels import place_labels
 from prefzoo.report.runs import DESCRIPTION, is_number, metric
 
 __all__ = ["plot_frontier", "plot_against", "plot_diversity", "plot_per_run", "plot_reward_vs_diversity",
-           "plot_overoptimisation", "caption", "run_labels", "AXIS_LABELS"]
+           "plot_overoptimisation", "plot_bon_vs_rl", "plot_speed_shape", "caption", "run_labels", "AXIS_LABELS"]
 
 D_LABEL = "d = sqrt(KL(π ‖ π_ref)) on held-out samples [sqrt(nats)]"
 
@@ -378,10 +378,14 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
         for row, (which, idx) in enumerate((("gold", 1), ("proxy", 2))):
             ax = axes[row, col]
             for i, (name, pts) in enumerate(series):
+                gold_peak = max(pts, key=lambda p: p[1]) if pts else None
                 pts = [p for p in pts if p[idx] is not None]
                 if not pts:
                     continue
                 color = f"C{i}"
+                if gold_peak is not None and gold_peak[0] < max(p[0] for p in pts):  # gold's peak before the end
+                    ax.axvline(gold_peak[0], color=color, ls="--", lw=0.8, alpha=0.7,
+                               label=f"gold peak (measured), d={gold_peak[0]:.2f}")
                 ax.plot([p[0] for p in pts], [p[idx] for p in pts], "o:" if col else "s", color=color, lw=0.8,
                         label=f"{name}: measured" + (" (in step order)" if col else ""))
                 f = fitted.get((name, which))
@@ -404,13 +408,82 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
     return _save(fig, path, plt)
 
 
+def plot_bon_vs_rl(points: dict, fits: list[dict], path: Path) -> Path | None:
+    """Best-of-n and RL on one d axis (note 004: "best-of-n is more robust at small KL"): gold (left) and proxy
+    (right), measured points and fitted forms; None unless both best-of-n and an RL run have points."""
+    if not points["bon"] or not points["rl"]:
+        return None
+    import numpy as np
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    fitted = {(f["series"], f["reward"]): f["fit"] for f in fits}
+    series = [("best-of-n", points["bon"], "s-")] + [(name, pts, "o:") for name, pts in points["rl"].items()]
+    for ax, (which, idx) in zip(axes, (("gold", 1), ("proxy", 2))):
+        for i, (name, pts, style) in enumerate(series):
+            pts = sorted((p for p in pts if p[idx] is not None), key=lambda p: (p[3] or 0, p[0]))
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[idx] for p in pts], style[0], color=f"C{i}", ls="none", label=name)
+            f = fitted.get((name, which))
+            if f is not None:  # over the series' own range (a fit extrapolated far says little)
+                grid = np.linspace(0, max(p[0] for p in pts) * 1.05, 200)
+                ax.plot(grid, f(grid), "-", color=f"C{i}", alpha=0.6, lw=1)
+        ax.set_title(f"{which} reward" + (" (the evaluation's gold reward)" if which == "gold"
+                                          else " (the proxy the runs optimise)"), fontsize=9)
+        ax.set_ylabel(f"{which} reward, mean over temperature-1 samples", fontsize=8)
+        ax.set_xlabel(D_LABEL + "\n(best-of-n: analytic; RL: k1 estimate per evaluation)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Best-of-n against RL at the same KL (points measured; lines: the fitted forms of Gao et al. 2023)")
+    return _save(fig, path, plt)
+
+
+def plot_speed_shape(results: list[dict], path: Path) -> Path | None:
+    """Gold against d for each RL run of the beta test (left; colour: beta, line style: seed; shaded: the common range
+    compared) and d against training step (right: the speed); one row per algorithm tested."""
+    if not results:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(len(results), 2, figsize=(12, 4.5 * len(results)), squeeze=False)
+    styles = ("-", "--", ":", "-.")
+    for (left, right), r in zip(axes, results):
+        colour = {b: f"C{i}" for i, b in enumerate(r["betas"])}
+        for c in r["curves"]:
+            ls = styles[r["seeds"][c.beta].index(c.seed) % len(styles)]
+            tag = f"β={c.beta:g}, seed {c.seed}"
+            left.plot(c.d, c.gold, marker="o", ms=3, ls=ls, color=colour[c.beta], label=tag)
+            right.plot(c.steps, c.d_by_step, marker="o", ms=3, ls=ls, color=colour[c.beta], label=tag)
+        if r["d_hi"] > r["d_lo"]:
+            left.axvspan(r["d_lo"], r["d_hi"], color="0.85", alpha=0.5, label="common range (compared)")
+        ratio = "–" if r["ratio"] != r["ratio"] else f"{r['ratio']:.2f}"
+        left.set_title(f"{r['algo']}: gold against d; S_β = {r['beta_spread']:.3g}, S_seed = {r['seed_spread']:.3g}, "
+                       f"ρ = {ratio}", fontsize=9)
+        left.set_xlabel(D_LABEL, fontsize=8)
+        left.set_ylabel("gold reward, mean over temperature-1 samples", fontsize=8)
+        right.set_title(f"{r['algo']}: d against training step (the speed)", fontsize=9)
+        right.set_xlabel("training step", fontsize=8)
+        right.set_ylabel("d = sqrt(KL) [sqrt(nats)]", fontsize=8)
+        for ax in (left, right):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle("Beta sets the speed, not the shape? The same RL run at several betas (and seeds)")
+    return _save(fig, path, plt)
+
+
 CAPTIONS = {
     "frontier": "Reward–KL frontier: each run's reward after training against d = sqrt(KL(π ‖ π_ref)) on held-out "
                 "samples, one line per algorithm (best-of-n: analytic KL; a k1 estimate below 0 is drawn at d = 0); "
                 "the star is the policy before training.",
     "overoptimisation": "Gold (top) and proxy (bottom) reward against d = sqrt(KL): best-of-n (left, one point per n) "
                         "and RL (right, one point per evaluation during training), with the least-squares fits of "
-                        "Gao et al. 2023.",
+                        "Gao et al. 2023; dashed verticals: where each series' gold peaks (measured), drawn in the "
+                        "proxy panels too, so a proxy still rising past gold's peak shows.",
+    "bon_vs_rl": "Best-of-n and RL against the same d = sqrt(KL): gold (left) and proxy (right), measured points "
+                 "and the fitted forms; the report's table gives best-of-n minus RL at equal d.",
+    "speed_shape": "The same RL run at several betas (and seeds): gold against d (left; shaded: the range every run "
+                   "reached, where the curves are compared) and d against training step (right). Beta sets the speed, "
+                   "not the shape, when the curves lie on one another (ρ = S_β / S_seed near 1).",
     "reward_vs_diversity": "Reward against distinct-2 of each run's samples: the reward–diversity trade-off.",
     "metrics_per_run": "Each run's held-out evaluation after training, one point per run (± 1 standard error), one "
                        "panel per measured metric; black bars: the same run before training.",

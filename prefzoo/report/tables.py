@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from prefzoo.report.runs import DESCRIPTION, HEADLINE, analytic_kl, is_best_of_n, is_number, metric
 
-__all__ = ["fmt", "run_cell", "markdown_table", "legend", "overoptimisation_section"]
+__all__ = ["fmt", "run_cell", "markdown_table", "legend", "overoptimisation_section", "speed_shape_section"]
 
 #: a run folder named longer than this shows its job number (linked to the folder) in the table
 RUN_NAME_WIDTH = 32
@@ -116,34 +116,101 @@ def legend(runs: list[dict], metrics=HEADLINE, keys: list[str] = ()) -> str:
     return text
 
 
-def overoptimisation_section(points: dict, fits: list[dict]) -> str:
+def _pm(value: float, se: float | None, digits: int = 4) -> str:
+    """``value ± se`` with ``digits`` significant digits (the s.e. left out where it is nan or None)."""
+    text = f"{value:.{digits}g}"
+    return text + (f" ± {se:.2g}" if se is not None and math.isfinite(se) else "")
+
+
+def overoptimisation_section(points: dict, fits: list[dict], bon_vs_rl: list[dict] = ()) -> str:
+    from prefzoo.report.overoptimisation import FALL_Z, peak_verdict
+
     lines = ["## Overoptimisation: gold vs proxy reward\n",
              "Gold = `gold_sample_reward`, proxy = `sample_reward` (the run's reward), both means over temperature-1 "
              "samples of held-out prompts; d = sqrt(KL(π ‖ π_ref)): best-of-n the analytic log n − (n−1)/n, RL the k1 "
              "estimate at each evaluation during training (step 0 = the reference). Fits by least squares on the "
              "rewards minus the reward at d = 0 "
              f"(gold {fmt(points['gold0'])}, proxy {fmt(points['proxy0'])}): best-of-n R(d) = d(a − b·d), "
-             "RL R(d) = d(a − b·log d) (Gao et al. 2023, eq. 1–2). Fitted peak: d* = a/(2b) (best-of-n) or "
+             "RL R(d) = d(a − b·log d) (Gao et al. 2023, eq. 1–2), ± one standard error (least squares: "
+             "s²(XᵀX)⁻¹, s² = RSS/(n − 2); the peak's by the delta method). Fitted peak: d* = a/(2b) (best-of-n) or "
              "exp(a/b − 1) (RL), reward at the peak = baseline + R(d*); none when b ≤ 0 (still rising).\n",
              "| series | reward | form | a | b | R² | points | fitted peak d* | fitted peak reward | "
              "measured peak (d, reward) | largest d measured |", "|" + "---|" * 11]
     for f in fits:
         fit_ = f["fit"]
-        peak = fit_.peak
-        peak_d = fmt(peak[0]) if peak else "none (b ≤ 0)"
-        peak_r = fmt(peak[1] + fit_.baseline) if peak else "–"
+        peak, peak_se = fit_.peak, fit_.peak_se
+        peak_d = _pm(peak[0], peak_se[0]) if peak else "none (b ≤ 0)"
+        peak_r = _pm(peak[1] + fit_.baseline, peak_se[1]) if peak else "–"
         if peak and peak[0] > 3 * f["d_max"]:
             peak_d += " (extrapolated)"
         form = "d(a − b·d)" if fit_.form == "bon" else "d(a − b·log d)"
         od, orr = f["observed_peak"]
-        lines.append(f"| {f['series']} | {f['reward']} | {form} | {fit_.a:.4g} | {fit_.b:.4g} | {fmt(fit_.r2)} | "
-                     f"{fit_.n} | {peak_d} | {peak_r} | ({od:.3f}, {orr:.3f}) | {f['d_max']:.3f} |")
+        lines.append(f"| {f['series']} | {f['reward']} | {form} | {_pm(fit_.a, fit_.a_se)} | {_pm(fit_.b, fit_.b_se)} | "
+                     f"{fmt(fit_.r2)} | {fit_.n} | {peak_d} | {peak_r} | ({od:.3f}, {orr:.3f}) | {f['d_max']:.3f} |")
     if not fits:
         lines.append("\nNo fit: no series has 2 or more points with d > 0.")
+    verdicts = [("best-of-n", peak_verdict(points["bon"]))] + [(k, peak_verdict(v)) for k, v in points["rl"].items()]
+    verdicts = [(k, v) for k, v in verdicts if v is not None]
+    if verdicts:
+        lines += ["\n### Does gold fall past its peak while the proxy rises?\n",
+                  "Measured points, no model: the peak is the point of highest gold, the end the point of largest d; "
+                  f"fall = gold at the peak − gold at the end (± its s.e. from the two evaluations); an inverted U when "
+                  f"the fall exceeds {FALL_Z:g} s.e. and the proxy rose past the peak.\n",
+                  "| series | gold peak at d (KL nats) | gold at the peak | gold at the end (d) | fall | proxy peak → end "
+                  "| inverted U |", "|" + "---|" * 7]
+        for name, v in verdicts:
+            where = f"n={v['n_peak']}" if v["n_peak"] is not None else f"step {v['step_peak']}"
+            rise = (f"{fmt(v['proxy_peak'])} → {fmt(v['proxy_end'])}" if v["proxy_rise"] is not None else "–")
+            lines.append(f"| {name} | {v['d_peak']:.3f} ({v['d_peak'] ** 2:.3g}; {where}) | "
+                         f"{fmt(v['gold_peak'], v['gold_peak_se'])} | {v['gold_end']:.3f} ({v['d_end']:.3f}) | "
+                         f"{fmt(v['fall'], v['fall_se'])} | {rise} | {'yes' if v['inverted_u'] else 'no'} |")
+    if bon_vs_rl:
+        lines += ["\n### Best-of-n against RL at the same KL\n",
+                  "Best-of-n minus RL at equal d: each series' reward linearly interpolated in d over the range both "
+                  "measured, the mean over 25 equally spaced d and the gap at the range's end (note 004: best-of-n is "
+                  "more robust at small KL, i.e. a positive gold gap). Plot: bon_vs_rl.png.\n",
+                  "| RL series | common d range | gold: mean gap | gold: gap at the end | proxy: mean gap |",
+                  "|---|---|---|---|---|"]
+        for g in bon_vs_rl:
+            gold, proxy = g["gold"], g["proxy"]
+            proxy_gap = f"{proxy['mean_gap']:+.3f}" if proxy else "–"
+            lines.append(f"| {g['series']} | {gold['d_lo']:.3f}–{gold['d_hi']:.3f} | {gold['mean_gap']:+.3f} | "
+                         f"{gold['end_gap']:+.3f} | {proxy_gap} |")
     rows = ["\nMeasured points (d, gold, proxy):\n", "| series | step or n | d | gold | proxy |", "|---|---|---|---|---|"]
     for p in points["bon"]:
-        rows.append(f"| best-of-n | n={p[4]} | {p[0]:.3f} | {p[1]:.3f} | {fmt(p[2])} |")
+        rows.append(f"| best-of-n | n={p[4]} | {p[0]:.3f} | {fmt(p[1], p[5])} | {fmt(p[2], p[6])} |")
     for name, pts in points["rl"].items():
         for p in pts:
-            rows.append(f"| {name} | step {p[3]} | {p[0]:.3f} | {p[1]:.3f} | {fmt(p[2])} |")
+            rows.append(f"| {name} | step {p[3]} | {p[0]:.3f} | {fmt(p[1], p[5])} | {fmt(p[2], p[6])} |")
     return "\n".join(lines) + "\n" + "\n".join(rows) + "\n"
+
+
+def speed_shape_section(results: list[dict]) -> str:
+    """Markdown of :func:`prefzoo.report.speed_shape.speed_shape_test`: one table row per algorithm, each run's
+    speed, and the verdict; empty when no algorithm was run at 2 betas with a repeated seed."""
+    from prefzoo.report.speed_shape import RATIO_LIMIT
+
+    if not results:
+        return ""
+    lines = ["## Beta sets the speed, not the shape\n",
+             "The same RL run at several KL coefficients (note 004; Gao et al. 2023): gold against d, compared at equal "
+             "d over the range every run reached (linear interpolation, 25 points). Beta spread S_β: the root-mean "
+             "(over d) across-beta standard deviation of the curves; seed spread S_seed: the same within the betas "
+             "run with 2+ seeds (pooled). ρ = S_β / S_seed ≈ 1 when the betas' curves differ only as seeds do; "
+             f"ρ ≤ {RATIO_LIMIT:g} is read as consistent with the claim (a rule of thumb: one seed pair leaves the seed "
+             "spread itself uncertain). Definitions: prefzoo/report/speed_shape.py. Plot: speed_shape.png.\n",
+             "| algorithm | betas (seeds) | common d range | largest d | S_β | S_seed | ρ | consistent |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        betas = ", ".join(f"{b:g} ({', '.join(map(str, r['seeds'][b]))})" for b in r["betas"])
+        verdict = ("–" if r["consistent"] is None else "yes" if r["consistent"] else "no: beta changed the shape "
+                   "(or chance: more seeds tell)")
+        lines.append(f"| {r['algo']} | {betas} | {r['d_lo']:.3f}–{r['d_hi']:.3f} | {r['d_max']:.3f} | "
+                     f"{fmt(r['beta_spread'])} | {fmt(r['seed_spread'])} | {fmt(r['ratio'])} | {verdict} |")
+        if r["reason"]:
+            lines.append(f"\nNo number for {r['algo']}: {r['reason']}.")
+        share = (r["d_hi"] - r["d_lo"]) / r["d_max"] if r["d_max"] > 0 else float("nan")
+        lines.append(f"\nThe common range covers {share:.0%} of the largest d reached. Speed (d at the last evaluation "
+                     "per training step, sqrt(nats)/step): "
+                     + ", ".join(f"{c.label} {r['speeds'][c.label]:.3g}" for c in r["curves"]) + ".\n")
+    return "\n".join(lines) + "\n"

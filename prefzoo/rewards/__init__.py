@@ -1,7 +1,7 @@
 """Reward functions: ``fn(prompts, completions, **columns) -> list[float]``, one float per completion.
 
 Built-in: ``"correctness"`` and ``"format"`` (arithmetic, :mod:`prefzoo.rewards.arithmetic`),
-``"sentiment"`` (VADER, :mod:`prefzoo.rewards.sentiment`), ``"reasoning_gym"`` (the reasoning-gym
+``"sentiment"`` (VADER) and ``"fluent_sentiment"`` (VADER times distinct-2, :mod:`prefzoo.rewards.sentiment`), ``"reasoning_gym"`` (the reasoning-gym
 task's own verifier, :mod:`prefzoo.rewards.reasoning_gym`). :func:`make_reward` combines names, import
 paths ``"package.module:function"`` and callables into one checked, weighted :class:`CombinedReward`
 (:mod:`prefzoo.rewards.registry`).
@@ -17,7 +17,7 @@ from prefzoo.rewards.registry import (
     resolve_reward,
     reward_name,
 )
-from prefzoo.rewards.sentiment import sentiment
+from prefzoo.rewards.sentiment import fluent_sentiment, sentiment
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -26,6 +26,7 @@ __all__ = [
     "check_reward_signature",
     "correctness",
     "extract_final_number",
+    "fluent_sentiment",
     "format_reward",
     "make_reward",
     "resolve_reward",

@@ -27,7 +27,7 @@ from typing import Any
 from prefzoo.errors import ConfigError, DataError, RewardError
 from prefzoo.rewards.arithmetic import correctness, format_reward
 from prefzoo.rewards.reasoning_gym import reasoning_gym, reasoning_gym_accuracy
-from prefzoo.rewards.sentiment import sentiment
+from prefzoo.rewards.sentiment import fluent_sentiment, sentiment
 
 __all__ = ["RewardFn", "BUILTIN_REWARDS", "resolve_reward", "reward_name", "check_reward_signature", "CombinedReward",
            "make_reward"]
@@ -39,6 +39,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "correctness": correctness,
     "format": format_reward,
     "sentiment": sentiment,
+    "fluent_sentiment": fluent_sentiment,
     "reasoning_gym": reasoning_gym,
     "reasoning_gym_accuracy": reasoning_gym_accuracy,
 }

@@ -34,3 +34,26 @@ def test_write_report_callback_says_there_is_no_report_and_lets_the_sweep_end(tm
     callbacks.WriteReport().on_multirun_end(config)
     out = capsys.readouterr().out.strip()
     assert out.startswith("[prefzoo] no report: no summary.json under") and not (tmp_path / "report.md").exists()
+
+
+def test_train_first_reuses_a_finished_run_named_by_reuse(tmp_path, monkeypatch, capsys):
+    """``reuse_key`` (the recipes: ``reward.path``): when the folder it names holds a finished run, nothing is
+    trained, whatever the sweep folder holds -- `+recipe=overoptimisation reward.path=<an algo=rm run>` reuses the
+    proxy. Without it, or when it names an unfinished folder (the recipe's default, ``${hydra:sweep.dir}/reward_model``
+    of a new sweep, resolved as in the jobs), the run is trained as before. Before: the proxy was trained again in
+    every sweep (TrainFirst looked only in <sweep dir>/reward_model)."""
+    ran = []
+    monkeypatch.setattr(callbacks.subprocess, "run", lambda cmd, env: ran.append(cmd) or
+                        type("Done", (), {"returncode": 0})())
+    done = tmp_path / "old_sweep" / "reward_model"
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
+    config = lambda path: OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "new_sweep")}},  # noqa: E731
+                                            "reward": {"path": path}})
+    first = lambda cfg, **kw: callbacks.TrainFirst(["algo=rm"], "reward_model", what="proxy",  # noqa: E731
+                                                   **kw).on_multirun_start(cfg)
+    first(config(str(done)), reuse_key="reward.path")
+    assert ran == [] and f"[prefzoo] proxy: found {done}, not retrained" in capsys.readouterr().out
+    first(config("${hydra:sweep.dir}/reward_model"), reuse_key="reward.path")
+    first(config(str(done)))
+    assert len(ran) == 2 and ran[0][-2] == f"hydra.run.dir={tmp_path / 'new_sweep' / 'reward_model'}"

@@ -137,8 +137,12 @@ def test_overoptimisation_section_fits_known_coefficients(tmp_path):
     assert bon.peak[0] == pytest.approx(4 / 3) and rl.peak[0] == pytest.approx(math.exp(0.25))
     assert fits[("best-of-n", "proxy")].peak is None  # the proxy keeps rising: no peak
     text = (tmp_path / "report.md").read_text()
-    assert "## Overoptimisation: gold vs proxy reward" in text and "| 0.8 | 0.3 |" in text
-    assert (tmp_path / "overoptimisation.png") in result["plots"]
+    assert "## Overoptimisation: gold vs proxy reward" in text and "| d(a − b·d) | 0.8 ± 2.1e-16 | 0.3 ± " in text
+    assert (tmp_path / "overoptimisation.png") in result["plots"] and (tmp_path / "bon_vs_rl.png") in result["plots"]
+    # the measured inverted U: RL's gold peaks at step 20 (d = 1.5, gold 0.2 + 1.5 (0.5 - 0.4 log 1.5) = 0.707) and
+    # ends at d = 3.2 with 0.2 + 3.2 (0.5 - 0.4 log 3.2) = 0.311 while the proxy 0.1 + 2d rises from 3.1 to 6.5
+    assert "| grpo β=0 (grpo) | 1.500 (2.25; step 20) | 0.707 | 0.311 (3.200) | 0.396 | 3.100 → 6.500 | yes |" in text
+    assert "## Beta sets the speed" not in text  # one RL run: no beta test
     assert result["swept"] == ["recipe/overoptimisation_points"]  # the reward-model run does not count as a job
     assert "| reward_model |" in text
 

@@ -36,7 +36,8 @@ def test_builtin_names():
 
     assert resolve_reward("reasoning_gym") is reasoning_gym
     assert resolve_reward("reasoning_gym_accuracy") is reasoning_gym_accuracy
-    assert set(BUILTIN_REWARDS) == {"correctness", "format", "sentiment", "reasoning_gym", "reasoning_gym_accuracy"}
+    assert set(BUILTIN_REWARDS) == {"correctness", "format", "sentiment", "fluent_sentiment", "reasoning_gym",
+                                    "reasoning_gym_accuracy"}
 
 
 def test_callable_passes_through():
