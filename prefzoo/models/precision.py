@@ -36,13 +36,40 @@ SmolLM2-135M; docs/usage.md gives the figures).
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch import nn
 
 from prefzoo.errors import ConfigError
 
-__all__ = ["check_weight_dtype", "keep_trainable_float32"]
+__all__ = ["check_weight_dtype", "keep_trainable_float32", "native_bf16", "warn_if_emulated"]
+
+log = logging.getLogger(__name__)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 natively: CUDA's ``is_bf16_supported``; on CPU, oneDNN's bf16 support
+    (``avx512_bf16`` / AMX). Without it (e.g. an AVX2-only CPU) bf16 matmuls are emulated: measured on an AMD EPYC
+    with AVX2, one thread, a 1000 x 576 x 1536 matmul: float32 34 GFLOP/s, bf16 0.8-6 GFLOP/s."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):  # a torch without the check: assume it may
+            return True
+    return True
+
+
+def warn_if_emulated(dtypes: dict[str, str | None], device: torch.device) -> None:
+    """Log a warning when a bf16 setting (``{"model.dtype": ..., "model.compute_dtype": ...}``) runs on a device
+    without native bf16 matmuls: the step is then several times slower than in float32."""
+    asked = [f"{k}={v}" for k, v in dtypes.items() if v == "bfloat16"]
+    if asked and not native_bf16(device):
+        log.warning("%s on %s: this device has no native bf16 matmuls (bf16 is emulated, typically 5-40x slower "
+                    "than float32 here); keep float32 (the default) on this machine.", " and ".join(asked),
+                    torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else device)
 
 
 def check_weight_dtype(dtype: str, lora_enabled: bool, trains: bool) -> None:

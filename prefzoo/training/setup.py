@@ -27,7 +27,7 @@ from prefzoo.errors import ConfigError
 from prefzoo.models.loading import DTYPES, cache_dir, load_causal_lm, load_tokenizer
 from prefzoo.models.lora import bnb_4bit_config, wrap_trainable
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.models.precision import check_weight_dtype, keep_trainable_float32
+from prefzoo.models.precision import check_weight_dtype, keep_trainable_float32, warn_if_emulated
 from prefzoo.models.reference import make_reference
 from prefzoo.rewards import make_reward
 
@@ -212,6 +212,7 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
     start = time.perf_counter()
     m = cfg.model
     check_weight_dtype(m.dtype, m.lora.enabled, needs.trains)
+    warn_if_emulated({"model.dtype": m.dtype, "model.compute_dtype": m.compute_dtype}, device)
     model = build_base_model(cfg, tokenizer, device)
     engine = build_engine(cfg, model, tokenizer) if cfg.rollout.engine == "vllm" else None  # (the base, unwrapped)
     model = wrap_trainable(model, m.lora, quantized=m.quantization == "4bit", adapter_path=m.adapter_path,
