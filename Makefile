@@ -9,7 +9,7 @@ ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.prefzoo-installed
 
-.PHONY: train test setup bench clean-venv setup-vllm test-vllm
+.PHONY: train test setup bench clean-venv setup-vllm test-vllm setup-bench-trl bench-trl
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,3 +59,26 @@ setup-vllm: $(VSTAMP)
 # the engine tests (marker vllm); they start one engine per module
 test-vllm: $(VSTAMP)
 	$(VPY) -m pytest -m vllm -p no:cacheprovider $(ARGS)
+
+# TRL side by side (bench/compare_trl.py) in a venv of its own: TRL and the transformers/peft it was compared
+# with, beside the CPU torch; prefzoo's runtime dependencies stay untouched. `make bench-trl` creates it if
+# needed and runs the comparison (ARGS are compare_trl.py's, e.g. ARGS='--algos dpo --precisions bf16');
+# TRL_PYTHON=<another venv>/bin/python uses that interpreter instead (nothing is installed then).
+TRL_VENV ?= bench/.venv-trl
+TRL_SPEC ?= trl==1.16.0 transformers==5.24.0 peft==0.21.2
+TRL_PYTHON ?=
+TSTAMP := $(TRL_VENV)/.trl-installed
+
+$(TRL_VENV)/bin/python:
+	$(PYTHON) -m venv $(TRL_VENV)
+
+$(TSTAMP): | $(TRL_VENV)/bin/python
+	$(TRL_VENV)/bin/python -m pip install --upgrade --quiet pip
+	@if [ -n "$(TORCH_SPEC)" ]; then $(TRL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"; fi
+	$(TRL_VENV)/bin/python -m pip install --quiet $(TRL_SPEC)
+	touch $(TSTAMP)
+
+setup-bench-trl: $(TSTAMP)
+
+bench-trl: $(STAMP) $(if $(TRL_PYTHON),,$(TSTAMP))
+	TRL_PYTHON="$(or $(TRL_PYTHON),$(abspath $(TRL_VENV))/bin/python)" $(PY) bench/compare_trl.py $(ARGS)

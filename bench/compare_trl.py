@@ -1,23 +1,35 @@
 """prefzoo and TRL side by side on the same model, data, batch, lengths, LoRA and precision, one command.
 
     make bench-trl                                   # creates bench/.venv-trl if needed, then runs everything
-    .venv/bin/python bench/compare_trl.py            # the same, once bench/.venv-trl exists
-    .venv/bin/python bench/compare_trl.py --algos dpo --steps 2 --rounds 2
+    make bench-trl ARGS='--algos dpo --precisions bf16'
+    TRL_PYTHON=/path/to/venv/bin/python .venv/bin/python bench/compare_trl.py   # TRL from another venv
+    .venv/bin/python bench/compare_trl.py --algos dpo --steps 2 --rounds 2     # once bench/.venv-trl exists
 
 TRL is a bench-only dependency, in its own virtual environment so prefzoo's runtime dependencies stay
-untouched (the CPU build of torch that lies on disk first, then TRL 1.x, which brings the transformers it needs):
-
-    python3 -m venv bench/.venv-trl
-    bench/.venv-trl/bin/pip install torch==2.13.0         # the CPU build on disk (a bare `torch` pulls CUDA)
-    bench/.venv-trl/bin/pip install "trl==1.16.*" peft    # tested with trl 1.16.0, transformers 5.24.0, peft 0.21.2
+untouched: ``make setup-bench-trl`` (or ``make bench-trl``) creates ``bench/.venv-trl`` with the CPU build of torch
+that lies on disk first (``TORCH_SPEC``, as for prefzoo's venv: a bare ``torch`` pulls CUDA), then trl 1.16.0,
+transformers 5.24.0, peft 0.21.2 (``TRL_SPEC``), the versions this comparison was made with. The environment
+variable ``TRL_PYTHON`` names another interpreter with TRL instead (the default: bench/.venv-trl/bin/python).
 
 What runs. SmolLM2-135M-Instruct (prefzoo converts it once to float safetensors under ~/.cache/prefzoo; TRL loads
-that folder), fp32, LoRA r=16 alpha=32 dropout 0 on all linear layers, AdamW, gradient clipping at 1.0:
+that folder), LoRA r=16 alpha=32 dropout 0 on all linear layers, AdamW, gradient clipping at 1.0, in two precisions
+(``--precisions``, both by default), each library against the other at the same precision:
+
+* fp32: float32 weights and compute in both;
+* bf16: TRL's ``bf16=True`` (the Trainer's autocast over its float32 weights, gradient checkpointing as its
+  default) against prefzoo's two bf16 modes (:mod:`prefzoo.models.precision`): ``bf16`` = ``model.dtype=bfloat16``
+  (frozen base weights stored in bf16, LoRA and its AdamW state float32) and ``autocast`` =
+  ``model.compute_dtype=bfloat16`` (float32 weights, autocast forwards, as TRL). Log-probs and losses are float32
+  in all of them. The ratio lines pair runs of the same precision only, and add prefzoo bf16 / prefzoo fp32.
 
 * dpo, simpo: 4 pairs per step (prompt ~100 tokens, completions ~114-124 tokens, max_length 256: ~1,750 real
   tokens counting the prompt once per row), the same token ids in both (TRL tokenises the texts; prefzoo's worker
   builds the ids exactly as TRL's DPO trainer does). TRL: ``DPOTrainer`` (beta 0.1) and ``CPOTrainer`` with
-  ``loss_type="simpo"``, ``cpo_alpha=0`` (TRL 1.x's SimPO; beta 2.0, gamma/beta 0.5, as prefzoo's defaults).
+  ``loss_type="simpo"``, ``cpo_alpha=0`` (TRL 1.x's SimPO) at prefzoo's defaults, beta 2.0 and gamma/beta 0.5, i.e.
+  the target margin gamma = 1.0. TRL's ``simpo_gamma`` IS gamma (its loss is -log sigmoid(beta (avg_w - avg_l) -
+  simpo_gamma), the ``gamma_logratios = simpo_gamma / beta`` it subtracts being inside the beta), so it gets
+  simpo_gamma = beta x prefzoo's ``algo.gamma_beta_ratio`` = 1.0 (both read from prefzoo's SimPOConfig); an earlier
+  version passed 0.5, i.e. gamma/beta 0.25 on TRL's side.
 * grpo (beta 0 and 0.04): 2 arithmetic prompts x 4 generations x 64 new tokens (end-of-sequence never stops a
   row: prefzoo ignores it, TRL gets ``min_new_tokens=64``), temperature 1, the same prompts in the same order, the
   arithmetic verifier as reward. A step is rollout + scoring + no-grad passes + the update.
@@ -58,7 +70,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-TRL_PYTHON = ROOT / "bench" / ".venv-trl" / "bin" / "python"
+TRL_PYTHON = Path(os.environ.get("TRL_PYTHON") or ROOT / "bench" / ".venv-trl" / "bin" / "python")
 SETTING = dict(lora_r=16, lora_alpha=32, batch=4, max_length=256, prompts_per_step=2, generations=4, max_new_tokens=64)
 
 
@@ -138,8 +150,18 @@ def write_workload(path: Path, args) -> dict:
     w = dict(SETTING, model_dir=str(smollm2_local_dir()), steps=args.steps, warmup=args.warmup,
              pairs=example_pair_texts(tok, SETTING["batch"], SETTING["max_length"]), trl_gradient_checkpointing=True)
     w["all_prompts"] = arithmetic_prompts(tok, (args.steps + args.warmup) * 8)
+    w.update(simpo_settings())
     path.write_text(json.dumps(w))
     return w
+
+
+def simpo_settings() -> dict:
+    """SimPO's beta and target margin gamma as prefzoo runs them by default: beta = ``default_beta`` (2.0), gamma =
+    beta x ``gamma_beta_ratio`` (1.0). TRL's ``simpo_gamma`` is gamma itself (module docstring)."""
+    from prefzoo.algos.simpo import SimPOConfig
+
+    c = SimPOConfig()
+    return {"simpo_beta": c.default_beta, "simpo_gamma": c.default_beta * c.gamma_beta_ratio}
 
 
 def arithmetic_prompts(tok, n: int) -> list[dict]:
@@ -176,8 +198,10 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
     elif variant == "plain":  # every fast path off: the computation they replace
         overrides += ["model.fast.fused_logps=false", "model.fast.share_prompts=false", "model.fast.fused_lora=false",
                       "model.fast.gqa_attention=false", "model.fast.merged_rollout=false"]
-    elif variant == "bf16":
+    elif variant == "autocast":  # float32 weights, autocast forwards (TRL's bf16=True)
         overrides.append("model.compute_dtype=bfloat16")
+    elif variant == "bf16":  # frozen base weights in bf16, LoRA and its optimizer state float32
+        overrides[overrides.index("model.dtype=float32")] = "model.dtype=bfloat16"
     if name == "grpo":
         overrides += [f"objective.beta={beta}", f"algo.num_samples={w['generations'] if algo == 'grpo' else 4}"]
     if name == "ppo":
@@ -253,7 +277,8 @@ def run_worker(library: str, algo: str, variant: str, workload_path: Path, workl
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     if library == "trl":
-        w = dict(workload, beta=beta, trl_gradient_checkpointing=(variant != "nogc"))
+        w = dict(workload, beta=beta, trl_gradient_checkpointing=not variant.endswith("nogc"),
+                 trl_bf16=precision_of(variant) == "bf16")
         path = workload_path.with_name(f"trl_{algo}_{variant}_{beta}.json")
         path.write_text(json.dumps(w))
         cmd = [str(TRL_PYTHON), str(ROOT / "bench" / "trl_worker.py"), str(path), "grpo" if algo == "grpo" else algo]
@@ -291,20 +316,27 @@ def summarise(r: dict, warmup: int, sizes: dict) -> dict:
     return out
 
 
-def fmt_table(rows: list[dict], peak: float) -> str:
-    lines = ["| algo | library (variant) | step s (median) | CPU s | spread s | real tok/step | tok/s | peak RSS GB | "
-             "FLOP bound (lora / 6N) G | % of fp32 peak (lora / 6N) | load (before, after) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def precision_of(variant: str) -> str:
+    """``bf16`` for the bf16 variants (prefzoo ``bf16``/``autocast``, TRL ``bf16``/``bf16nogc``), else ``fp32``."""
+    return "bf16" if variant in ("bf16", "autocast", "bf16nogc") else "fp32"
+
+
+def fmt_table(rows: list[dict], peaks: dict[str, float]) -> str:
+    """One line per run; the fraction of peak is of the matmul peak of the run's precision (``peaks``, GFLOP/s)."""
+    lines = ["| algo | precision | library (variant) | step s (median) | CPU s | spread s | real tok/step | tok/s | "
+             "peak RSS GB | FLOP bound (lora / 6N) G | % of its precision's peak (lora / 6N) | load (before, after) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         label = r["algo"] + (f" beta={r['beta']}" if r["algo"].startswith("grpo") else "")
         who = f"{r['library']} ({r['variant']})"
+        prec = precision_of(r["variant"])
         if "error" in r:
-            lines.append(f"| {label} | {who} | error: {r['error'][:200]!r} |")
+            lines.append(f"| {label} | {prec} | {who} | error: {r['error'][:200]!r} |")
             continue
         f = r.get("flops", {})
-        frac = lambda x: 100 * x / r["step_s"] / (peak * 1e9)  # noqa: E731
+        frac = lambda x: 100 * x / r["step_s"] / (peaks[prec] * 1e9)  # noqa: E731
         lines.append(
-            f"| {label} | {who} | {r['step_s']:.2f} | {r['cpu_s']:.2f} | {r['spread_s']:.2f} | "
+            f"| {label} | {prec} | {who} | {r['step_s']:.2f} | {r['cpu_s']:.2f} | {r['spread_s']:.2f} | "
             f"{r['tokens'].get('real_tokens', 0):.0f} | {r['tokens_per_s']:.0f} | {r['peak_rss_gb']:.2f} | "
             f"{f.get('lora', 0) / 1e9:.0f} / {f.get('6N', 0) / 1e9:.0f} | "
             f"{frac(f.get('lora', 0)):.0f}% / {frac(f.get('6N', 0)):.0f}% | "
@@ -312,22 +344,38 @@ def fmt_table(rows: list[dict], peak: float) -> str:
     return "\n".join(lines)
 
 
+def _mark(x: float, target: float | None) -> str:
+    return "" if target is None else " (target <= %.1f: %s)" % (target, "met" if x <= target else "NOT met")
+
+
 def ratio_lines(rows: list[dict]) -> list[str]:
-    """prefzoo / TRL ratios of step time and peak RSS for each pairing of variants measured."""
+    """prefzoo / TRL ratios of step time and peak RSS for each pairing of variants of the same precision, prefzoo's
+    bf16 / fp32 step time, and PPO / GRPO. Targets: issue 15 (step time <= 0.5x TRL's for DPO, SimPO and GRPO at the
+    same precision; DPO's peak RSS <= 0.5x; prefzoo's bf16 DPO step <= 0.5x its fp32 one)."""
     out = []
     ok = [r for r in rows if "error" not in r]
-    targets = {"dpo": (0.6, 0.5), "simpo": (0.6, None), "grpo": (0.5, None)}
+    targets = {"dpo": (0.5, 0.5), "simpo": (0.5, None), "grpo": (0.5, None)}
     for algo in sorted({(r["algo"], r.get("beta", 0.0)) for r in ok}):
+        name = f"{algo[0]}{' beta=' + str(algo[1]) if algo[0] == 'grpo' else ''}"
         pz = [r for r in ok if r["library"] == "prefzoo" and (r["algo"], r.get("beta", 0.0)) == algo]
         tr = [r for r in ok if r["library"] == "trl" and (r["algo"], r.get("beta", 0.0)) == algo]
+        time_t, rss_t = targets.get(algo[0], (None, None))
         for p in pz:
             for t in tr:
-                time_t, rss_t = targets.get(algo[0], (None, None))
+                if precision_of(p["variant"]) != precision_of(t["variant"]):
+                    continue
                 tr_ratio, rss_ratio = p["step_s"] / t["step_s"], p["peak_rss_gb"] / t["peak_rss_gb"]
-                mark = lambda x, tgt: "" if tgt is None else (" (target <= %.1f: %s)" % (tgt, "met" if x <= tgt else "NOT met"))  # noqa
-                out.append(f"- {algo[0]}{' beta=' + str(algo[1]) if algo[0] == 'grpo' else ''}: prefzoo ({p['variant']}) / "
-                           f"TRL ({t['variant']}): step time {tr_ratio:.2f}x{mark(tr_ratio, time_t)}, "
-                           f"peak RSS {rss_ratio:.2f}x{mark(rss_ratio, rss_t)}")
+                out.append(f"- {name}, {precision_of(p['variant'])}: prefzoo ({p['variant']}) / TRL ({t['variant']}): "
+                           f"step time {tr_ratio:.2f}x{_mark(tr_ratio, time_t)}, peak RSS {rss_ratio:.2f}x"
+                           f"{_mark(rss_ratio, rss_t)}")
+        base = [p for p in pz if p["variant"] == "default"]
+        for p in pz:
+            if precision_of(p["variant"]) == "bf16":
+                for f in base:
+                    x = p["step_s"] / f["step_s"]
+                    out.append(f"- {name}: prefzoo ({p['variant']}) / prefzoo fp32 (default): step time {x:.2f}x"
+                               f"{_mark(x, 0.5 if algo[0] == 'dpo' else None)}, peak RSS "
+                               f"{p['peak_rss_gb'] / f['peak_rss_gb']:.2f}x")
     ppo = [r for r in ok if r["algo"] == "ppo"]
     grpo8 = [r for r in ok if r["algo"] == "grpo8"]
     for p in ppo:
@@ -338,12 +386,18 @@ def ratio_lines(rows: list[dict]) -> list[str]:
     return out
 
 
-PLANS = {  # algo -> [(library, variant, beta)], in the order of round 1 (flipped in even rounds)
-    "dpo": [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "gc", 0.0), ("trl", "nogc", 0.0)],
-    "simpo": [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "gc", 0.0), ("trl", "nogc", 0.0)],
-    "grpo": [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "default", 0.04), ("trl", "gc", 0.04)],
-    "ppo": [("prefzoo", "default", 0.0)],
-    "grpo8": [("prefzoo", "default", 0.0)],
+PLANS = {  # (algo, precision) -> [(library, variant, beta)], in the order of round 1 (flipped in even rounds)
+    ("dpo", "fp32"): [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "gc", 0.0), ("trl", "nogc", 0.0)],
+    ("dpo", "bf16"): [("prefzoo", "bf16", 0.0), ("trl", "bf16", 0.0), ("prefzoo", "autocast", 0.0)],
+    ("simpo", "fp32"): [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "gc", 0.0), ("trl", "nogc", 0.0)],
+    ("simpo", "bf16"): [("prefzoo", "bf16", 0.0), ("trl", "bf16", 0.0), ("prefzoo", "autocast", 0.0)],
+    ("grpo", "fp32"): [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "default", 0.04),
+                       ("trl", "gc", 0.04)],
+    ("grpo", "bf16"): [("prefzoo", "bf16", 0.0), ("trl", "bf16", 0.0), ("prefzoo", "autocast", 0.0)],
+    ("ppo", "fp32"): [("prefzoo", "default", 0.0)],
+    ("ppo", "bf16"): [("prefzoo", "bf16", 0.0)],
+    ("grpo8", "fp32"): [("prefzoo", "default", 0.0)],
+    ("grpo8", "bf16"): [("prefzoo", "bf16", 0.0)],
 }
 
 
@@ -355,8 +409,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="measured steps per run (after --warmup)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1, help="repeat every run, flipping the library order each round")
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+                    help="fp32 (float32 in both) and/or bf16 (TRL bf16=True vs prefzoo model.dtype=bfloat16 and "
+                         "model.compute_dtype=bfloat16)")
     ap.add_argument("--extra", nargs="*", default=[], metavar="LIBRARY:VARIANT:ALGO",
-                    help="more runs, e.g. prefzoo:plain:dpo (every fast path off) prefzoo:bf16:dpo trl:nogc:grpo")
+                    help="more runs, e.g. prefzoo:plain:dpo (every fast path off) prefzoo:gc:grpo trl:bf16nogc:dpo")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for both (default: torch's)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "compare_trl.json"))
@@ -381,9 +438,10 @@ def main() -> int:
           f"bf16 {peaks[0]['bf16']:.0f} GFLOP/s (load {peaks[0]['load1']:.1f})", flush=True)
     plan = []
     for algo in args.algos:
-        plan += [(algo, lib, var, beta) for lib, var, beta in PLANS[algo]]
-        if algo == "ppo":
-            plan += [("grpo8", lib, var, beta) for lib, var, beta in PLANS["grpo8"]]
+        for precision in args.precisions:
+            plan += [(algo, lib, var, beta) for lib, var, beta in PLANS[algo, precision]]
+            if algo == "ppo":
+                plan += [("grpo8", lib, var, beta) for lib, var, beta in PLANS["grpo8", precision]]
     for spec in args.extra:
         lib, var, algo = spec.split(":")
         plan.append((algo, lib, var, 0.0))
@@ -412,18 +470,21 @@ def main() -> int:
                       flush=True)
     peaks.append({"fp32": matmul_peak("float32"), "bf16": matmul_peak("bfloat16"), "load1": os.getloadavg()[0]})
     peak = max(p["fp32"] for p in peaks)
+    peak_bf16 = max(p["bf16"] for p in peaks)
     merged = merge_rounds(rows)
     print()
     measured = ", ".join("%.0f" % p["fp32"] for p in peaks)
+    measured_bf16 = ", ".join("%.0f" % p["bf16"] for p in peaks)
     loads = ", ".join("%.1f" % p["load1"] for p in peaks)
-    print(f"fp32 matmul peak measured: {measured} GFLOP/s (load {loads}); fractions below use the highest, "
-          f"{peak:.0f} GFLOP/s.")
+    print(f"matmul peak measured: fp32 {measured} GFLOP/s, bf16 {measured_bf16} GFLOP/s (load {loads}); fractions "
+          f"below use the highest of the run's precision, fp32 {peak:.0f} / bf16 {peak_bf16:.0f} GFLOP/s.")
     print()
-    print(fmt_table(merged, peak))
+    print(fmt_table(merged, {"fp32": peak, "bf16": peak_bf16}))
     print()
     print("\n".join(ratio_lines(merged)))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"peaks": peaks, "peak_fp32": peak, "rows": rows, "merged": merged,
+    Path(args.out).write_text(json.dumps({"peaks": peaks, "peak_fp32": peak, "peak_bf16": peak_bf16,
+                                          "rows": rows, "merged": merged,
                                           "setting": SETTING, "sizes": sizes}, indent=1, default=str))
     print(f"\n(raw results: {args.out})")
     return 0

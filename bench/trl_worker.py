@@ -4,7 +4,8 @@ This file imports TRL, transformers, peft, datasets and torch only (prefzoo is n
 reads the shared workload (texts, settings) from a JSON file written by ``compare_trl.py``, trains for
 ``warmup + steps`` steps, and prints ONE line ``RESULT {json}`` with the per-step wall and CPU times, the token
 counts the trainer really saw, and the process's peak RSS. Each measurement is its own process, so the peak RSS
-is TRL's alone.
+is TRL's alone. ``trl_bf16``: the Trainer's ``bf16=True`` (autocast over the float32 weights). SimPO: TRL's
+``simpo_gamma`` is the target margin gamma itself; the workload carries prefzoo's beta and gamma (compare_trl.py).
 
     bench/.venv-trl/bin/python bench/trl_worker.py WORKLOAD.json dpo|simpo|grpo
 """
@@ -52,7 +53,8 @@ def main() -> int:
             times["wall"].append(time.perf_counter() - self.t0)
             times["cpu"].append(time.process_time() - self.c0)
 
-    common = dict(output_dir="/tmp/prefzoo_trl_bench", max_steps=total, learning_rate=1e-5, bf16=False, fp16=False,
+    common = dict(output_dir="/tmp/prefzoo_trl_bench", max_steps=total, learning_rate=1e-5,
+                  bf16=w.get("trl_bf16", False), fp16=False,
                   use_cpu=True, report_to=[], save_strategy="no", logging_steps=10 ** 6, max_grad_norm=1.0,
                   gradient_accumulation_steps=1, dataloader_num_workers=0, seed=0,
                   gradient_checkpointing=w["trl_gradient_checkpointing"], disable_tqdm=True)
@@ -70,7 +72,7 @@ def main() -> int:
             from trl.experimental.cpo import CPOConfig, CPOTrainer
 
             args = CPOConfig(per_device_train_batch_size=w["batch"], max_length=w["max_length"], loss_type="simpo",
-                             cpo_alpha=0.0, beta=2.0, simpo_gamma=0.5, **common)
+                             cpo_alpha=0.0, beta=w["simpo_beta"], simpo_gamma=w["simpo_gamma"], **common)
             trainer = CPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=lora,
                                  callbacks=[Timer()])
         original = trainer.compute_loss

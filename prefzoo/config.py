@@ -56,8 +56,8 @@ class FastPathConfig:
 @dataclass
 class ModelConfig:
     name: str = "smollm2"  # smollm2 | tiny | a Hugging Face id | a local directory
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    compute_dtype: Optional[str] = None  # autocast dtype of the forwards (bfloat16: CPUs with native bf16); None: dtype
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the frozen base weights; what trains stays float32 (needs LoRA)
+    compute_dtype: Optional[str] = None  # autocast dtype of the forwards over float32 weights (bfloat16); None: dtype
     fast: FastPathConfig = field(default_factory=FastPathConfig)
     quantization: str = "none"  # none | 4bit (nf4 via bitsandbytes; QLoRA)
     lora: LoraConfig = field(default_factory=LoraConfig)

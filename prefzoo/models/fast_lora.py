@@ -21,7 +21,10 @@ same tensors for the backward as peft's path (x, shared with the caller, and the
 :func:`enable_fast_lora` switches a peft model's LoRA linear layers to it by changing their class to a
 subclass whose ``forward`` takes the fused path when it computes the same thing as peft's forward — adapter
 on and not merged, exactly one active vanilla adapter (no DoRA or other variant), no dropout (p = 0 or eval
-mode), a plain ``nn.Linear`` base, no ``adapter_names`` — and otherwise calls peft's own forward. Changing the
+mode), a plain ``nn.Linear`` base, no ``adapter_names`` — and otherwise calls peft's own forward. A bf16 base with
+float32 LoRA matrices (``model.dtype=bfloat16``, :mod:`prefzoo.models.precision`) is fused too: the low-rank term
+runs in bf16 on copies of A and B, where peft casts x to float32 and adds the term in float32 before rounding the
+sum to bf16; the two differ by bf16 roundings (``tests/perf/test_fast_lora.py``). Changing the
 class (rather than the instance's ``forward``) keeps ``copy.deepcopy`` (the frozen reference copy) correct.
 Tested equal to peft's forward and backward in ``tests/perf/test_fast_lora.py``.
 """
@@ -38,6 +41,8 @@ __all__ = ["lora_linear", "enable_fast_lora", "disable_fast_lora"]
 class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scaling):
+        ctx.adapter_dtype = lora_a.dtype
+        lora_a, lora_b = lora_a.to(x.dtype), lora_b.to(x.dtype)  # bf16 base, float32 adapter: compute copies
         x2 = x.reshape(-1, x.shape[-1])
         y = F.linear(x2, weight, bias)
         xa = F.linear(x2, lora_a)  # (n, r)
@@ -63,9 +68,9 @@ class _LoraLinear(torch.autograd.Function):
             grad_x.addmm_(gyb, lora_a, alpha=s)
             grad_x = grad_x.view(x.shape)
         if need_a:
-            grad_a = (gyb.t() @ x2).mul_(s)
+            grad_a = (gyb.t() @ x2).mul_(s).to(ctx.adapter_dtype)
         if need_b:
-            grad_b = (gy.t() @ xa).mul_(s)
+            grad_b = (gy.t() @ xa).mul_(s).to(ctx.adapter_dtype)
         if need_w:
             grad_w = gy.t() @ x2
         if need_bias and ctx.has_bias:
@@ -78,7 +83,9 @@ def lora_linear(x: Tensor, weight: Tensor, bias: Tensor | None, lora_a: Tensor, 
     """``x W^T + b + scaling * (x A^T) B^T`` with a fused forward and backward.
 
     Shape: x (..., in); weight (out, in); bias (out,) or None; lora_a (r, in); lora_b (out, r) -> (..., out).
-    All in one dtype. Gradients flow to every input that requires grad.
+    x, weight and bias in one dtype; lora_a and lora_b in it too, or float32 master weights beside a bf16/fp16
+    base (``model.dtype=bfloat16``): then the low-rank term runs on copies of them in x's dtype (as autocast
+    would) and their gradients come back in float32. Gradients flow to every input that requires grad.
 
     Source: LoRA, Hu et al. 2021, eq. 3 (h = W0 x + B A x, scaled by alpha / r).
     """
@@ -122,7 +129,7 @@ def _fused_arguments(layer, x: Tensor):
     if type(base) is not nn.Linear or torch.is_autocast_enabled(x.device.type):
         return None
     a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-    if not (x.dtype == base.weight.dtype == a.dtype == b.dtype):
+    if not (x.dtype == base.weight.dtype and a.dtype == b.dtype and (a.dtype == x.dtype or a.dtype == torch.float32)):
         return None
     return base.weight, base.bias, a, b, layer.scaling[name]
 

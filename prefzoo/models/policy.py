@@ -32,7 +32,9 @@ the padded ones up to float rounding (``tests/perf/test_packing.py``).
 The reference pass runs under ``torch.inference_mode`` (no autograd bookkeeping at all), in the same layout.
 Sampling goes through the policy's rollout engine (:mod:`prefzoo.rollout.engine`): prefzoo's decode loop by default,
 on a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`) when ``merged_rollout``; or vLLM.
-``compute_dtype`` (e.g. ``torch.bfloat16``) runs the forwards under CPU/GPU autocast; log-probs stay float32.
+``compute_dtype`` (e.g. ``torch.bfloat16``) runs the forwards under CPU/GPU autocast; with bf16 base weights
+(``model.dtype=bfloat16``) the forwards run in bf16 as they are. Either way log-probs stay float32
+(:mod:`prefzoo.models.precision`).
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ from prefzoo.data.unpaired import UnpairedData, class_counts, is_unpaired, pairs
 from prefzoo.data.prompts import PromptSet, tokenize_prompts
 from prefzoo.data.tasks import get_task
 from prefzoo.errors import ConfigError
-from prefzoo.models.loading import cache_dir, load_causal_lm, load_tokenizer
+from prefzoo.models.loading import DTYPES, cache_dir, load_causal_lm, load_tokenizer
 from prefzoo.models.lora import bnb_4bit_config, wrap_trainable
 from prefzoo.models.policy import CausalLMPolicy
+from prefzoo.models.precision import check_weight_dtype, keep_trainable_float32, warn_if_emulated
 from prefzoo.models.reference import make_reference
 from prefzoo.rewards import make_reward
 
@@ -210,10 +211,14 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
     """The trainable policy with the reference (and value head) the algorithm declares it needs."""
     start = time.perf_counter()
     m = cfg.model
+    check_weight_dtype(m.dtype, m.lora.enabled, needs.trains)
+    warn_if_emulated({"model.dtype": m.dtype, "model.compute_dtype": m.compute_dtype}, device)
     model = build_base_model(cfg, tokenizer, device)
     engine = build_engine(cfg, model, tokenizer) if cfg.rollout.engine == "vllm" else None  # (the base, unwrapped)
     model = wrap_trainable(model, m.lora, quantized=m.quantization == "4bit", adapter_path=m.adapter_path,
                            gradient_checkpointing=m.gradient_checkpointing)
+    if m.quantization != "4bit":  # (4-bit: peft's prepare_model_for_kbit_training has cast the rest to float32)
+        keep_trainable_float32(model, DTYPES[m.dtype])  # modules_to_save over a bf16 base: float32 master weights
     model.train()
     reference = None
     if needs.reference:

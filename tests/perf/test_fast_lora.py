@@ -94,3 +94,43 @@ def test_deepcopy_keeps_the_fused_class_and_its_own_weights():
             if "lora_B" in n:
                 p.zero_()
         assert (clone(input_ids=IDS).logits - model(input_ids=IDS).logits).abs().max() > 1e-3
+
+
+
+def test_bf16_base_with_float32_adapter_takes_the_fused_path_and_returns_float32_gradients():
+    """model.dtype=bfloat16: frozen base weights in bf16, the LoRA matrices float32 (peft upcasts them,
+    ``autocast_adapter_dtype``). The fused path then runs the low-rank term in bf16 on copies of A and B and hands
+    their gradients back in float32, as autocast would compute them; peft's forward instead casts x to float32, adds
+    the term in float32 and rounds the sum to bf16 once.
+
+    One layer (q_proj of layer 0, 64 -> 64, r = 4, B ~ N(0, 0.3): a low-rank term as large as the base's), x and the
+    upstream gradient dy random bf16 (6 rows). The two paths differ by the bf16 roundings the fused one adds, each a
+    relative 2^-8 = 3.9e-3 at most (unit roundoff u): output: A, B and x A^T rounded (3u); dx: B, dy B and its
+    product with A (3u); dA: B, dy B, the product (3u); dB: x A^T and the product (2u). Errors of a sum of n
+    products relative to its largest entry stay about u (random signs), so 4u = 1.6e-2 of the largest entry bounds
+    each with a margin. Measured: output 2.1e-3, dx 4.7e-3, dA 3.1e-3, dB 3.7e-3 of the largest entry. Before the
+    fix the fused path refused mixed dtypes (``_fused_arguments`` gave None: peft's path ran)."""
+    from prefzoo.models.fast_lora import _fused_arguments
+
+    model = lora_model(torch.bfloat16)
+    layer = next(m for m in model.modules() if isinstance(m, PeftLoraLinear))
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    assert layer.base_layer.weight.dtype == torch.bfloat16 and a.dtype == b.dtype == torch.float32
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(6, layer.in_features, generator=g).bfloat16()
+    dy = torch.randn(6, layer.out_features, generator=g).bfloat16()
+
+    def one_layer():
+        x = x0.clone().requires_grad_(True)
+        a.grad = b.grad = None
+        y = layer(x)
+        y.backward(dy)
+        return y.detach().float(), x.grad.float(), a.grad.clone(), b.grad.clone()
+
+    plain = one_layer()
+    enable_fast_lora(model)
+    assert _fused_arguments(layer, x0) is not None
+    fused = one_layer()
+    assert fused[2].dtype == fused[3].dtype == torch.float32
+    for got, want in zip(fused, plain):
+        torch.testing.assert_close(got, want, rtol=0, atol=1.6e-2 * float(want.abs().max()))

@@ -144,8 +144,8 @@ def test_models_whose_logits_are_not_head_of_body_use_the_plain_path(model, capl
 def test_bf16_autocast_keeps_float32_logps_close_to_fp32():
     """compute_dtype=bfloat16 (an option): the body's matmuls in bf16 (8 significant bits), the output layer and
     log-softmax in float32. On the tiny model (random weights spread 0.2, so larger activations than a trained
-    model's) the per-token log-probs stay within 0.15 nats of float32; bench/compare_trl.py --extra
-    prefzoo:bf16:dpo measures it on SmolLM2."""
+    model's) the per-token log-probs stay within 0.15 nats of float32; bench/check_bf16.py measures
+    it on SmolLM2."""
     model = lora_model(torch.float32)
     batch = sequence_batch(PROMPTS, COMPLETIONS)
     with torch.no_grad():

@@ -1,0 +1,126 @@
+"""Mixed precision: where bf16 enters a run, and what stays float32.
+
+Two ways to compute in bf16 (or fp16), each a model setting, on CPU (native bf16 matmuls: ``avx512_bf16``, AMX) and
+CUDA alike:
+
+* ``model.compute_dtype=bfloat16`` -- autocast (TRL's ``bf16=True``, PyTorch AMP): every weight stays float32 and
+  each forward runs under ``torch.autocast``, which casts a matmul's inputs and weights to bf16 as it goes (each
+  weight again at every pass) and keeps the residual stream, norms and softmax-type operations in float32.
+* ``model.dtype=bfloat16`` -- bf16 storage of the frozen base weights (``from_pretrained(dtype=...)``, TRL's
+  ``ModelConfig.dtype``): half the weight memory and half the bytes read per pass (a decode step is bandwidth-bound),
+  no casts per pass. Everything that TRAINS stays float32, i.e. float32 master weights (Micikevicius et al. 2018,
+  "Mixed precision training"): the LoRA matrices (peft upcasts them, ``autocast_adapter_dtype=True``, its default,
+  also for the value adapter and for adapters loaded with ``model.adapter_path``), the value and reward heads, and
+  ``model.lora.modules_to_save`` (:func:`keep_trainable_float32`); so their AdamW state (which takes each
+  parameter's dtype) is float32 too, and an update smaller than bf16's 2^-8 of a weight is not rounded away. The
+  low-rank term runs in bf16 on copies of A and B in the fused LoRA layer (:mod:`prefzoo.models.fast_lora`) and in
+  float32 in peft's. Full fine-tuning over bf16 weights would train bf16 weights: refused
+  (:func:`check_weight_dtype`), use autocast there.
+
+In both, log-probs, log-ratios, KL estimates, values and losses are float32 (DESIGN.md): the output layer's
+logits are computed in float32 (:func:`prefzoo.objective.linear_token_logps` upcasts bf16 hidden states and
+weights; the plain path's :func:`prefzoo.objective.token_logps` upcasts bf16 logits chunk by chunk), the value head
+is a float32 layer on upcast hidden states. The reference is the same bf16 base (the adapter switched off, or a
+frozen copy of the starting model), so pi_ref and the starting policy give the very same log-probs.
+
+What stays as it was: 4-bit weights (``model.quantization=4bit``, QLoRA): bitsandbytes' nf4 storage with
+``model.dtype`` as its compute dtype, and peft's ``prepare_model_for_kbit_training`` casts every other weight to
+float32. The merged-weights rollout copy (:mod:`prefzoo.models.merged`) of a bf16 base is bf16: the merge
+``W + s B A`` is rounded to bf16, so sampling sees the LoRA update only to bf16 resolution of W; the trainer
+recomputes the log-probs it trains on with the unmerged float32 adapter.
+
+Measured agreement with float32 (``tests/training/test_bf16.py`` on the tiny model, ``bench/check_bf16.py`` on
+SmolLM2-135M; docs/usage.md gives the figures).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch import nn
+
+from prefzoo.errors import ConfigError
+
+__all__ = ["check_weight_dtype", "keep_trainable_float32", "native_bf16", "warn_if_emulated"]
+
+log = logging.getLogger(__name__)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 natively: CUDA's ``is_bf16_supported``; on CPU, oneDNN's bf16 support
+    (``avx512_bf16`` / AMX). Without it (e.g. an AVX2-only CPU) bf16 matmuls are emulated: measured on an AMD EPYC
+    with AVX2, one thread, a 1000 x 576 x 1536 matmul: float32 34 GFLOP/s, bf16 0.8-6 GFLOP/s."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):  # a torch without the check: assume it may
+            return True
+    return True
+
+
+def warn_if_emulated(dtypes: dict[str, str | None], device: torch.device) -> None:
+    """Log a warning when a bf16 setting (``{"model.dtype": ..., "model.compute_dtype": ...}``) runs on a device
+    without native bf16 matmuls: the step is then several times slower than in float32."""
+    asked = [f"{k}={v}" for k, v in dtypes.items() if v == "bfloat16"]
+    if asked and not native_bf16(device):
+        log.warning("%s on %s: this device has no native bf16 matmuls (bf16 is emulated, typically 5-40x slower "
+                    "than float32 here); keep float32 (the default) on this machine.", " and ".join(asked),
+                    torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else device)
+
+
+def check_weight_dtype(dtype: str, lora_enabled: bool, trains: bool) -> None:
+    """Refuse ``model.dtype`` other than float32 where every weight would train in it (full fine-tuning).
+
+    Raises:
+        ConfigError: ``dtype`` is bfloat16/float16, LoRA is off and the algorithm trains.
+    """
+    if dtype != "float32" and not lora_enabled and trains:
+        raise ConfigError(
+            f"model.dtype={dtype} stores the frozen base weights in {dtype}, but with model.lora.enabled=false every "
+            f"weight trains, and updates smaller than {dtype}'s resolution (2^-8 of a weight for bfloat16) would be "
+            f"rounded away. For full fine-tuning keep model.dtype=float32 and set model.compute_dtype={dtype} "
+            "(autocast: float32 weights, bf16 matmuls), or train a LoRA adapter (model.lora.enabled=true).")
+
+
+def _cast_floats(value, dtype: torch.dtype):
+    """``value`` with every floating tensor in it (also inside tuples, lists and dicts) cast to ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+def _float32_inputs(module, args, kwargs):
+    return _cast_floats(args, torch.float32), _cast_floats(kwargs, torch.float32)
+
+
+def _outputs_in(dtype: torch.dtype, module, args, output):
+    return _cast_floats(output, dtype)
+
+
+def keep_trainable_float32(model: nn.Module, base_dtype: torch.dtype) -> list[str]:
+    """Upcast every trainable parameter of ``model`` that is not float32 (``modules_to_save`` over a bf16 base) and
+    make its module a float32 island: its floating inputs are cast to float32, its floating outputs back to
+    ``base_dtype``, so the bf16 layers around it see what they expect. Hooks survive ``copy.deepcopy`` (the frozen
+    reference copy). Returns the names of the parameters upcast.
+    """
+    upcast = []
+    for name, module in model.named_modules():
+        own = [(n, p) for n, p in module.named_parameters(recurse=False)
+               if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32]
+        if not own:
+            continue
+        for n, p in module.named_parameters(recurse=False):
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+        module.register_forward_pre_hook(_float32_inputs, with_kwargs=True)
+        module.register_forward_hook(functools.partial(_outputs_in, base_dtype))
+        upcast += [f"{name}.{n}" if name else n for n, _ in own]
+    return upcast
