@@ -12,7 +12,7 @@ in-distribution ones of the same evaluation:
     distinct_2     <->  ood_distinct_2         (temperature-1 samples of the same prompt)
     entropy, kl_k1, sample_reward, completion_length, ...  <->  ood_entropy, ood_kl_k1, ...
 
-``ood_n_problems`` counts the shifted problems; pass@k and preference accuracy are in-distribution only (no
+``ood_n_problems`` counts the shifted problems and ``ood_task`` says what they ask; pass@k and preference accuracy are in-distribution only (no
 shifted preference pairs; pass@k would double the sampling of online runs).
 """
 
