@@ -27,7 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from prefzoo.types import ObjectiveSettings
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
-from prefzoo.validation import check_annotator, check_finite
+from prefzoo.validation import check_annotator, check_finite, check_ood_eval
 
 
 @dataclass
@@ -172,11 +172,25 @@ class GoldRewardConfig:
 
 
 @dataclass
+class OODConfig:
+    """A shifted held-out task the evaluation also reports, its metrics under ``ood_<name>`` next to the
+    in-distribution ones (Kirk et al. 2024): the training arithmetic task with some settings changed, never sharing a
+    problem with it (:mod:`prefzoo.data.ood`). Each null: the training task's value (``data.*``); digits, ops and
+    word_problems all null: no shifted evaluation."""
+
+    digits: Optional[int] = None  # digits per operand, e.g. 3 (training: data.digits)
+    ops: Optional[list[str]] = None  # e.g. [-] or [+, -] (training: data.ops)
+    word_problems: Optional[bool] = None
+    num_problems: Optional[int] = None  # shifted problems for greedy accuracy; null: eval.num_problems
+
+
+@dataclass
 class EvalConfig:
     before: bool = True
     after: bool = True
     every: int = 0  # also evaluate every N training steps (0: never): eval_step<N>.json and summary's eval_history
     gold_reward: GoldRewardConfig = field(default_factory=GoldRewardConfig)
+    ood: OODConfig = field(default_factory=OODConfig)  # a shifted held-out task too (ood_* metrics), prefzoo.data.ood
     num_problems: int = 200  # held-out prompts for greedy task accuracy
     max_new_tokens: int = 64
     batch_size: int = 32
@@ -357,6 +371,7 @@ def validate(cfg: Config) -> Config:
     if gold.weights is not None and len(gold.weights) != len(gold.functions):
         raise ConfigError(f"eval.gold_reward.weights has {len(gold.weights)} entries but eval.gold_reward.functions has "
                           f"{len(gold.functions)}; give one weight per function.")
+    check_ood_eval(cfg)  # eval.ood: a shifted task that shares no problem with the training one
     if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
         raise ConfigError(f"reward.weights has {len(cfg.reward.weights)} entries but reward.functions has "
                           f"{len(cfg.reward.functions)}; give one weight per function.")

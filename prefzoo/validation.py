@@ -81,11 +81,28 @@ def check_early_stopping_metric(cfg, group_size: int = 0) -> None:
     metric = cfg.trainer.early_stopping.metric
     if metric is None:
         return
-    valid = metric_names(group_size)
+    valid = metric_names(group_size, ood=_ood_enabled(cfg))
     if metric not in valid:
         shown = [n for n in valid if not n.endswith("_se")]
         raise ConfigError(f"trainer.early_stopping.metric={metric!r} is not a metric of the evaluation; choose one "
                           f"of: {', '.join(shown)} (or one's standard error <name>_se).")
+
+
+def _ood_enabled(cfg) -> bool:
+    from prefzoo.data.ood import ood_enabled
+
+    return ood_enabled(cfg.eval.ood)
+
+
+def check_ood_eval(cfg) -> None:
+    """``eval.ood``: a shifted arithmetic task disjoint from the training one (:func:`prefzoo.data.ood.check_ood`).
+
+    Raises:
+        ConfigError: naming the ``eval.ood`` key and how to fix it.
+    """
+    from prefzoo.data.ood import check_ood
+
+    check_ood(cfg.data, cfg.eval.ood, cfg.eval.num_problems)
 
 
 def check_adapter_path(cfg) -> None:

@@ -15,7 +15,16 @@ WITH_SE = ("task_reward", "task_accuracy", "gold_task_reward", "sample_reward", 
 WITHOUT_SE = ("entropy", "distinct_1", "distinct_2", "completion_length", "max_repeat")
 
 
-def metric_names(group_size: int = 0) -> list[str]:
-    """Every numeric metric an evaluation can report (``pass_at_<group_size>`` when ``group_size > 1``)."""
+#: The shifted task's metrics (``eval.ood``, :mod:`prefzoo.evaluation.ood`) are these under ``OOD_PREFIX + name``
+#: (``ood_task_accuracy``, ``ood_distinct_2``, ...): the task and sampled metrics, no preference accuracy or pass@k.
+OOD_PREFIX = "ood_"
+OOD_METRICS = tuple(n for n in WITH_SE + WITHOUT_SE if n != "preference_accuracy")
+
+
+def metric_names(group_size: int = 0, ood: bool = False) -> list[str]:
+    """Every numeric metric an evaluation can report (``pass_at_<group_size>`` when ``group_size > 1``; the shifted
+    task's ``ood_*`` when ``ood``)."""
     names = list(WITH_SE) + list(WITHOUT_SE) + ([f"pass_at_{group_size}"] if group_size > 1 else [])
-    return names + [f"{n}_se" for n in names if n in WITH_SE or n.startswith("pass_at_")]
+    names += [OOD_PREFIX + n for n in OOD_METRICS] if ood else []
+    with_se = set(WITH_SE) | {OOD_PREFIX + n for n in WITH_SE}
+    return names + [f"{n}_se" for n in names if n in with_se or n.startswith("pass_at_")]

@@ -13,6 +13,8 @@ values differ between runs are the swept settings and become the table's first c
   2024), and ``reward_vs_diversity.png`` — reward against distinct-2, one point per run;
 * ``metrics_per_run.png`` — when no numeric setting was swept (algorithms, files, a single run): each measured
   evaluation key (accuracies, rewards, preference accuracy, KL, entropy, distinct-2), one bar per run;
+* with a shifted held-out task in the evaluations (``eval.ood``): a section with in- and out-of-distribution accuracy
+  and diversity per run, each against the SFT run (Kirk et al. 2024; :mod:`prefzoo.report.ood`), and ``ood.png``;
 * with a gold reward in the evaluations (``eval.gold_reward``): ``overoptimisation.png`` and a section with
   the least-squares fits R_bon(d) = d(a - b d) and R_RL(d) = d(a - b log d) of Gao et al. 2023 (± standard
   errors; :mod:`prefzoo.report.overoptimisation`), where the gold reward peaks and whether it falls past the peak
@@ -25,6 +27,7 @@ runs it at the end of every Hydra multirun (``prefzoo/conf/config.yaml``).
 
 The package, one idea a module: :mod:`~prefzoo.report.runs` (reading the runs and what was swept),
 :mod:`~prefzoo.report.tables` (the markdown), :mod:`~prefzoo.report.plots` (the figures and their captions),
+:mod:`~prefzoo.report.ood` (in and out of distribution, Kirk et al. 2024),
 :mod:`~prefzoo.report.overoptimisation` (the fits of Gao et al. 2023), :mod:`~prefzoo.report.speed_shape` (beta:
 the speed or the shape), :mod:`~prefzoo.report.callbacks` (the
 Hydra callbacks that make a recipe one command); this module puts them together (:func:`write_report`).
@@ -37,9 +40,11 @@ import sys
 from pathlib import Path
 
 from prefzoo.errors import DataError, PrefzooError
+from prefzoo.report.ood import has_ood, ood_section, plot_ood
 from prefzoo.report.overoptimisation import bon_against_rl, fit_overoptimisation, overoptimisation_points
 from prefzoo.report.plots import (caption, plot_against, plot_bon_vs_rl, plot_diversity, plot_frontier,
-                                  plot_overoptimisation, plot_per_run, plot_reward_vs_diversity, plot_speed_shape)
+                                  plot_overoptimisation, plot_per_run, plot_reward_vs_diversity, plot_speed_shape,
+                                  run_labels)
 from prefzoo.report.runs import HEADLINE, is_number, load_runs, swept_keys
 from prefzoo.report.speed_shape import rl_curves, speed_shape_test
 from prefzoo.report.tables import legend, markdown_table, overoptimisation_section, speed_shape_section
@@ -80,6 +85,12 @@ def write_report(root: Path, out: Path | None = None) -> dict:
         plots.append(p)
     text = f"# prefzoo report: {root}\n\n{len(runs)} runs; swept: {', '.join(keys) or 'nothing'}.\n\n{table}\n"
     text += legend(runs, keys=keys) + "\n"
+    if has_ood(runs):  # eval.ood: in and out of distribution side by side (Kirk et al. 2024)
+        labels = run_labels(runs, keys)
+        text += ood_section(runs, labels) + "\n"
+        p = plot_ood(runs, labels, out / "ood.png")
+        if p:
+            plots.insert(0, p)
     fits, shape = [], []
     points = overoptimisation_points(runs)
     if points["bon"] or points["rl"]:

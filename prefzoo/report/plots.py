@@ -30,6 +30,8 @@ AXIS_LABELS = {
     "entropy": "entropy [nats / token]",
     "distinct_1": "distinct-1 across samples of a prompt",
     "distinct_2": "distinct-2 across samples of a prompt",
+    "ood_task_accuracy": "out-of-distribution task accuracy (eval.ood, greedy)",
+    "ood_distinct_2": "distinct-2 across samples of a shifted prompt (eval.ood)",
 }
 
 
@@ -221,7 +223,7 @@ def plot_against(runs: list[dict], key: str, keys: list[str], name: str, path: P
         ax.errorbar(xs, [p[1] for p in points], yerr=se, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label)
     if logx:
         ax.set_xscale("log")
-    if name in ("task_accuracy", "preference_accuracy"):
+    if name in ("task_accuracy", "preference_accuracy", "ood_task_accuracy"):
         ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel(key + (" (log scale)" if logx else ""))
     ax.set_ylabel(f"{AXIS_LABELS.get(name, name)}\nafter training")
@@ -485,6 +487,9 @@ CAPTIONS = {
                    "reached, where the curves are compared) and d against training step (right). Beta sets the speed, "
                    "not the shape, when the curves lie on one another (ρ = S_β / S_seed near 1).",
     "reward_vs_diversity": "Reward against distinct-2 of each run's samples: the reward–diversity trade-off.",
+    "ood": "In and out of distribution (Kirk et al. 2024): each run's accuracy on the shifted task of eval.ood against "
+           "its accuracy on the training task's held-out split (left; dotted: OOD = ID), and the distinct-2 of its "
+           "temperature-1 samples in (filled) and out of (open) distribution (right).",
     "metrics_per_run": "Each run's held-out evaluation after training, one point per run (± 1 standard error), one "
                        "panel per measured metric; black bars: the same run before training.",
 }

@@ -17,7 +17,7 @@ __all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval
            "is_best_of_n", "analytic_kl"]
 
 HEADLINE = ("task_accuracy", "task_reward", "sample_reward", "gold_task_reward", "gold_sample_reward",
-            "preference_accuracy", "kl_k1", "entropy", "distinct_1", "distinct_2")
+            "preference_accuracy", "kl_k1", "entropy", "distinct_1", "distinct_2", "ood_task_accuracy", "ood_distinct_2")
 
 #: what each evaluation key measures (table legend, axis labels)
 DESCRIPTION = {
@@ -32,6 +32,9 @@ DESCRIPTION = {
     "entropy": "mean per-token entropy of the policy on its samples (nats); none for best-of-n",
     "distinct_1": "distinct unigrams / all unigrams across the samples of one prompt, averaged over prompts",
     "distinct_2": "distinct bigrams / all bigrams across the samples of one prompt, averaged over prompts",
+    "ood_task_accuracy": "task_accuracy on the shifted held-out task of eval.ood (out of distribution: no training "
+                         "problem)",
+    "ood_distinct_2": "distinct_2 of the samples of the shifted task's prompts (eval.ood)",
 }
 
 

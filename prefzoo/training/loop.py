@@ -61,6 +61,7 @@ from prefzoo.data.preference import collate_preferences
 from prefzoo.data.unpaired import collate_examples
 from prefzoo.errors import CheckpointError
 from prefzoo.evaluation.evaluate import Evaluator
+from prefzoo.evaluation.ood import OOD_RESULTS, build_ood_evaluator
 from prefzoo.models.loading import load_tokenizer
 from prefzoo.training.early_stopping import EarlyStopping
 from prefzoo.training.checkpoint import (load_trainer_state, load_weights, rng_state, save_checkpoint, save_weights,
@@ -188,6 +189,7 @@ class Trainer:
                                                      else None),
                                    group_size=self.needs.num_samples, seed=t.seed,
                                    progress=t.progress, gold_reward_fn=build_gold_reward(cfg))
+        self.ood_evaluator = build_ood_evaluator(cfg, self.evaluator, self.tokenizer)  # eval.ood (ood_*), or None
         self.metrics_log = open_metrics_log(cfg, self.run_dir, self.dp.is_main)  # report_to: tensorboard, trackio, wandb
         self.step = 0
         self.kl_spent: float | None = None  # the latest KL(pi || pi_ref) measurement, nats per sequence
@@ -325,6 +327,8 @@ class Trainer:
         """Run the shared evaluation, write ``eval_<tag>.json`` and add the result to the eval history."""
         start = time.perf_counter()
         result = self.evaluator.run()
+        if self.ood_evaluator is not None:  # eval.ood: the same evaluation on the shifted task, keys ood_*
+            result.update(self.ood_evaluator.run())
         result["seconds"] = round(time.perf_counter() - start, 1)
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
         self.metrics_log.log_eval(self.step, result)  # eval/<metric> in TensorBoard and the trackers
@@ -448,7 +452,7 @@ RESULT_KEYS = ("reward", "reward_se", "sample_reward", "sample_reward_se", "gold
                "gold_sample_reward", "gold_sample_reward_se", "task_accuracy", "task_accuracy_se",
                "preference_accuracy", "kl", "kl_se", "kl_k3", "kl_method", "entropy", "distinct_1", "distinct_2",
                "completion_length", "train_reward", "train_kl", "kl_spent", "steps", "stop_reason", "wall_seconds",
-               "train_seconds", "eval_seconds")
+               "train_seconds", "eval_seconds", *OOD_RESULTS)
 
 
 def results_block(after: dict | None, last: dict, trainer, stop_reason: str, seconds: float) -> dict:
@@ -464,7 +468,9 @@ def results_block(after: dict | None, last: dict, trainer, stop_reason: str, sec
     * ``train_reward`` / ``train_kl``: the last training step's rollout reward and KL (online algorithms);
       ``kl_spent``: the last KL measurement during training (what ``objective.kl_budget`` compares);
     * ``steps``, ``stop_reason``; ``wall_seconds`` (the whole run after set-up: evaluations included),
-      ``train_seconds`` (training steps only) and ``eval_seconds`` (all evaluations).
+      ``train_seconds`` (training steps only) and ``eval_seconds`` (all evaluations);
+    * ``ood_*`` (``eval.ood``): the shifted task's reward, accuracy, KL and diversity, named as above
+      (:data:`~prefzoo.evaluation.ood.OOD_RESULTS`).
     """
     a = after or {}
     history = trainer.eval_history
@@ -482,6 +488,7 @@ def results_block(after: dict | None, last: dict, trainer, stop_reason: str, sec
         "kl_spent": trainer.kl_spent, "steps": trainer.step, "stop_reason": stop_reason,
         "wall_seconds": round(seconds, 1), "train_seconds": round(trainer.train_seconds, 1),
         "eval_seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        **{k: a.get(name) for k, name in OOD_RESULTS.items()},
     }
     return {k: values[k] for k in RESULT_KEYS}
 
@@ -512,7 +519,8 @@ def make_summary(cfg, trainer, before, after, last, seconds, stop_reason, weight
 
 def print_eval(title: str, result: dict) -> None:
     keys = [k for k in ("task_accuracy", "task_reward", "gold_task_reward", "sample_reward", "gold_sample_reward",
-                        "preference_accuracy", "pass_at_4", "kl_k1", "entropy", "distinct_2") if k in result]
+                        "preference_accuracy", "pass_at_4", "kl_k1", "entropy", "distinct_2", "ood_task_accuracy",
+                        "ood_distinct_2") if k in result]
     parts = []
     for k in keys:
         se = result.get(f"{k}_se")
