@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from prefzoo.report import load_runs, markdown_table, swept_keys, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
+#: one torch thread in the subprocesses (the tiny model is much faster so on a shared 2-core machine)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +27,9 @@ def sweep(tmp_path_factory) -> Path:
     cmd = [sys.executable, "train.py", "-m", "model=tiny", "data=file", f"data.path={FIXTURE}",
            "algo=dpo,simpo", "objective.beta=0.1,0.5", "trainer.max_steps=2", "trainer.batch_size=2",
            "trainer.micro_batch_size=2", "trainer.progress=false", "trainer.tensorboard=false",
-           f"hydra.sweep.dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+           "trainer.num_threads=1", "trainer.save_every=0", "eval.max_new_tokens=6", "eval.diversity_prompts=2",
+           "eval.diversity_samples=2", f"hydra.sweep.dir={out}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -40,7 +44,7 @@ def test_multirun_writes_one_summary_per_job(sweep):
 
 def test_report_table_has_a_row_per_run_and_swept_columns(sweep, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "prefzoo.report", str(sweep), "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {tmp_path / 'report.md'}" in proc.stdout
     lines = [line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("|")]
@@ -214,7 +218,7 @@ def test_overoptimisation_recipe_end_to_end_on_the_tiny_model(tmp_path):
            "+recipe/overoptimisation_points=bon_n1,bon_n2,grpo_beta0",
            "hydra.callbacks.reward_model.overrides=[" + ",".join(f"'{o}'" for o in rm) + "]",
            f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "reward_model" / "value_model.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0-bon", "1-bon", "2-grpo", "reward_model"]
