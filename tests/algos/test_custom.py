@@ -38,20 +38,55 @@ def test_custom_algorithm_trains_the_tiny_model_from_the_command_line(tmp_path):
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD = [
     (["algo=custom"], "algo=custom needs algo.target"),
     (["algo=custom", "algo.target=no_such_pkg.algos:X"], "module 'no_such_pkg' not found"),
     (["algo=custom", "algo.target=my_algos:Missing"], "has no attribute 'Missing'"),
     (["algo=custom", "algo.target=my_algos:ChosenNLLConfig"], "is not an algorithm plugin"),
     (["algo=custom", "algo.target=my_algos:ChosenNLL", "+algo.weight=-1"], "algo.weight=-1.0 must be > 0"),
     (["algo=custom", "algo.target=my_algos:ChosenNLL", "+algo.nope=1"], "algo.target=my_algos:ChosenNLL"),
-])
-def test_bad_custom_algorithms_fail_in_one_line(tmp_path, args, needle):
+]
+
+
+def assert_one_error_line(returncode, stderr: str, needle: str) -> None:
+    assert returncode == 2, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prefzoo: error:") and needle in lines[0], stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_custom_algorithms_fail_in_one_line(monkeypatch, capsys, args, needle):
+    """In this process, through the CLI's entry point on the config ``train.py`` composes (what ``python train.py``
+    runs after Hydra), the examples folder on the path as PYTHONPATH puts it there; nothing may be built."""
+    from prefzoo import cli
+    from prefzoo.training import loop, setup
+    from tests.test_config import composed
+
+    def tripwire(*_a, **_k):
+        raise AssertionError("a model or tokenizer was loaded / the trainer was built before the refusal")
+
+    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loop, "Trainer", tripwire)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    registered = set(REGISTRY)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.run_from_hydra(composed(*args, "model=tiny"))
+    finally:
+        for name in set(REGISTRY) - registered:  # load_target registers the plugin it loads
+            REGISTRY.pop(name)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_error_line(exit_.value.code, captured.err, needle)
+
+
+def test_a_bad_custom_algorithm_fails_in_one_line_from_the_command_line(tmp_path):
+    """The last of BAD through a real ``python train.py`` (Hydra's main, the exit status, stderr)."""
+    args, needle = BAD[-1]
     proc = run([*args, "model=tiny"], tmp_path / "run")
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("prefzoo: error:") and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_one_error_line(proc.returncode, proc.stderr, needle)
 
 
 def test_an_installed_entry_point_is_an_algorithm(tmp_path, monkeypatch):
