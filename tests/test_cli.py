@@ -18,12 +18,8 @@ from prefzoo import cli
 from prefzoo.training import loop, setup
 from tests.test_config import composed
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = "tests/fixtures/arithmetic_pairs.jsonl"
-TINY_RUN = ["algo=dpo", "model=tiny", "data=file", f"data.path={FIXTURE}", "trainer.max_steps=2",
-            "trainer.batch_size=2", "trainer.save_every=1", "trainer.progress=false", "trainer.tensorboard=false",
-            "trainer.num_threads=1", "trainer.device=cpu", "model.lora.r=4", "data.max_length=96",
-            "data.max_prompt_length=64"]
+from tests.shared_runs import FIXTURE, ROOT, TINY_RUN  # noqa: F401 (imported from here by other modules)
+
 QUICK = {
     "cfg_job": ["--cfg", "job", "algo=dpo", "model=tiny"],
     "cfg_job_orpo": ["--cfg", "job", "algo=orpo"],
@@ -55,8 +51,10 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    return run_concurrently(tmp_path_factory.mktemp("cli"), {"tiny": TINY_RUN})["tiny"]
+def tiny_run(tiny_cli_run):
+    """The session's ``python train.py RUN`` (tests/shared_runs.py: TINY_RUN with trainer.lr=0.05; tests/test_api.py
+    compares it with the API run)."""
+    return tiny_cli_run.result()
 
 
 def test_cfg_job_of_orpo_and_of_a_weighted_dpo_sum(runs):
