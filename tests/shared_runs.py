@@ -23,8 +23,9 @@ TINY_RUN = ["algo=dpo", "model=tiny", "data=file", f"data.path={FIXTURE}", "trai
             "trainer.num_threads=1", "trainer.device=cpu", "model.lora.r=4", "data.max_length=96",
             "data.max_prompt_length=64"]
 #: the same with a learning rate large enough that the adapter moves the log-probs well beyond float rounding (so
-#: "the adapter is loaded" is visible in them)
-RUN = [*TINY_RUN, "trainer.lr=0.05"]
+#: "the adapter is loaded" is visible in them), and a small evaluation (2 x 2 diversity samples of 6 tokens: its
+#: readers check which numbers there are and that files and card agree, not how many samples made them)
+RUN = [*TINY_RUN, "trainer.lr=0.05", "eval.max_new_tokens=6", "eval.diversity_prompts=2", "eval.diversity_samples=2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
 
 
