@@ -1,18 +1,23 @@
-"""Session-wide runs that several test modules read (tests/shared_runs.py)."""
+"""Session-wide runs that several test modules read (tests/shared_runs.py), and the subprocess runs that work in the
+background while the in-process tests run (tests/background.py)."""
 
 import pytest
 
-from tests import shared_runs
+from tests import background, shared_runs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_runs(request, tmp_path_factory):
+    """Starts the registered subprocess runs of the selected modules, one at a time, when the first test starts."""
+    runner = background.start(tmp_path_factory, request.session.items)
+    yield runner
+    runner.stop()
 
 
 @pytest.fixture(scope="session")
-def tiny_cli_run(tmp_path_factory) -> shared_runs.CliRun:
-    """``python train.py RUN`` started in the background; ``.result()`` waits for it."""
-    run = shared_runs.start_cli_run(tmp_path_factory.mktemp("tiny_cli"))
-    yield run
-    if run.proc.poll() is None:
-        run.proc.kill()
-        run.proc.communicate()
+def tiny_cli_run() -> background.Job:
+    """``python train.py RUN`` (tests/shared_runs.py), a background run; ``.result()`` waits for it."""
+    return shared_runs.CLI_RUN
 
 
 @pytest.fixture(scope="session")

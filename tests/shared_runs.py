@@ -1,7 +1,8 @@
 """Tiny runs that several test modules read (each is paid once per session; fixtures in tests/conftest.py).
 
-* :func:`start_cli_run`: ``python train.py RUN hydra.run.dir=...`` in a subprocess, started in the background
-  (tests/test_cli.py reads its files and console, tests/test_api.py compares it with the API run);
+* :data:`CLI_RUN`: ``python train.py RUN hydra.run.dir=...`` in a subprocess, run in the background
+  (tests/background.py; tests/test_cli.py reads its files and console, tests/test_api.py compares it with the API
+  run);
 * :func:`api_run`: ``prefzoo.train(RUN, run_dir=...)`` in this process, with the Trainer it ran kept
   (tests/test_api.py; tests/training/test_model_card.py reads its card, then resumes a copy of it).
 
@@ -11,9 +12,10 @@ Nothing writes into these folders: a test that changes a run works on a copy.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import background
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = "tests/fixtures/arithmetic_pairs.jsonl"
@@ -29,25 +31,13 @@ RUN = [*TINY_RUN, "trainer.lr=0.05", "eval.max_new_tokens=6", "eval.diversity_pr
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
 
 
-class CliRun:
-    """A ``python train.py <args> hydra.run.dir=<run_dir>`` running in the background; :meth:`result` waits for it
-    once: (returncode, stdout, stderr, run_dir)."""
-
-    def __init__(self, args: list[str], run_dir: Path):
-        self.run_dir = run_dir
-        self.proc = subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                                     env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._result = None
-
-    def result(self) -> tuple[int, str, str, Path]:
-        if self._result is None:
-            stdout, stderr = self.proc.communicate(timeout=600)
-            self._result = (self.proc.returncode, stdout, stderr, self.run_dir)
-        return self._result
+def _cli_run(base: Path) -> background.Command:
+    return background.Command([sys.executable, "train.py", *RUN, f"hydra.run.dir={base / 'run'}"], ROOT, ENV)
 
 
-def start_cli_run(base: Path) -> CliRun:
-    return CliRun(RUN, base / "run")
+#: ``python train.py RUN hydra.run.dir=<its folder>/run`` in the background (tests/background.py), read by
+#: tests/test_api.py and tests/test_cli.py; ``.result().base / "run"`` is its run folder
+CLI_RUN = background.register("tiny_cli_run", ("tests.test_api", "tests.test_cli"), _cli_run)
 
 
 def api_run(base: Path):

@@ -131,8 +131,8 @@ def test_load_policy_on_a_folder_without_a_run_names_the_folder_and_the_fix(tmp_
 @pytest.fixture(scope="module")
 def trained(tiny_cli_run, tiny_api_run):
     """prefzoo.train(RUN) in a folder of its own, with the Trainer it ran kept (its policy at the end of training):
-    (result, trainer, run folder). The session's ``python train.py RUN`` (tiny_cli_run) is started first and works
-    meanwhile (tests/shared_runs.py)."""
+    (result, trainer, run folder). The session's ``python train.py RUN`` (tiny_cli_run) runs in the background
+    (tests/shared_runs.py)."""
     return tiny_api_run
 
 
@@ -235,8 +235,9 @@ def test_the_api_run_is_the_command_line_run(trained, tiny_cli_run):
     .hydra/overrides.yaml and .hydra/config.yaml, the same losses at every step (the same seed: bit for bit on one
     thread), the same evaluation after training."""
     _, _, api_dir = trained
-    returncode, _, stderr, cli_dir = tiny_cli_run.result()
-    assert returncode == 0, stderr[-3000:]
+    cli = tiny_cli_run.result()
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    cli_dir = cli.base / "run"
 
     def files(folder: Path) -> list[str]:
         return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())

@@ -1,14 +1,13 @@
 """The command line: ``python train.py ...`` in a subprocess (cwd = the repository root).
 
-The quick command lines start at once in a module fixture (each pays ~2 s of imports; on 2 cores
-running them side by side halves the wait). That a bad value fails BEFORE any model loads is shown
+The command lines run in the background from the session's start (tests/background.py: each pays ~2-8 s of
+imports, while the in-process tests use the other core). That a bad value fails BEFORE any model loads is shown
 in-process, for more values: ``run_from_hydra`` gets the composed config with the model loader, the
 tokenizer loader and the Trainer replaced by tripwires (tests/test_config.py checks every message).
 """
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import pytest
 
 from prefzoo import cli
 from prefzoo.training import loop, setup
-from tests.test_config import composed
-
+from tests import background
 from tests.shared_runs import FIXTURE, ROOT, TINY_RUN  # noqa: F401 (imported from here by other modules)
+from tests.test_config import composed
 
 QUICK = {
     "cfg_job": ["--cfg", "job", "algo=dpo", "model=tiny"],
@@ -27,32 +26,34 @@ QUICK = {
 }
 
 
-def run_concurrently(base: Path, commands: dict[str, list[str]]) -> dict:
-    """{name: (returncode, stdout, stderr, run_dir)} of ``python train.py <args> hydra.run.dir=...``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
-    procs = {}
-    for name, args in commands.items():
-        run_dir = base / name
-        procs[name] = (subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), run_dir)
-    out = {}
-    for name, (proc, run_dir) in procs.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        out[name] = (proc.returncode, stdout, stderr, run_dir)
-    return out
+def _quick(name: str):
+    def prepare(base: Path) -> background.Command:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
+        return background.Command([sys.executable, "train.py", *QUICK[name], f"hydra.run.dir={base / name}"], ROOT,
+                                  env, 300)
+    return prepare
+
+
+#: the quick command lines (the ones that stop at the configuration), in the background (tests/background.py)
+QUICK_RUNS = {name: background.register(f"cli_{name}", __name__, _quick(name)) for name in QUICK}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The quick command lines (the ones that stop at the configuration), side by side."""
-    return run_concurrently(tmp_path_factory.mktemp("cli"), QUICK)
+def runs():
+    """{name: (returncode, stdout, stderr, run_dir)} of the quick command lines."""
+    out = {}
+    for name, job in QUICK_RUNS.items():
+        result = job.result()
+        out[name] = (result.returncode, result.stdout, result.stderr, result.base / name)
+    return out
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_cli_run):
     """The session's ``python train.py RUN`` (tests/shared_runs.py: TINY_RUN with trainer.lr=0.05; tests/test_api.py
     compares it with the API run)."""
-    return tiny_cli_run.result()
+    result = tiny_cli_run.result()
+    return result.returncode, result.stdout, result.stderr, result.base / "run"
 
 
 def cfg_job(*overrides: str) -> str:
@@ -166,15 +167,12 @@ def test_reward_function_errors_come_before_the_model_loads(monkeypatch, capsys,
     assert err.startswith("prefzoo: error: ") and needle in err and err.count("\n") == 1
 
 
-@pytest.mark.slow  # ~15 s of CPU: the tiny model samples 8 + 4 prompts, 2 DPO steps, 2 evaluations
-def test_tiny_dpo_on_the_default_data_runs(tmp_path):
-    """Issue 17, item 15: ``python train.py model=tiny algo=dpo``, the first thing a newcomer tries (here with
-    fewer prompts and steps, in a cache of its own). The random model never answers right, so the built-in pairs
-    take the known answer as chosen, and the log says so. Before: the empty pair set was cached and the run ended
-    in a StopIteration traceback from datasets."""
+def _default_data_run(base: Path) -> background.Command:
+    """``python train.py model=tiny algo=dpo`` (fewer prompts and steps) in a cache of its own (base/cache, holding
+    the tokenizer only), its run folder base/run."""
     from prefzoo.models.loading import TOKENIZER_CACHE_NAME, cache_dir
 
-    cache = tmp_path / "cache"
+    cache = base / "cache"
     cache.mkdir()
     (cache / TOKENIZER_CACHE_NAME).symlink_to(cache_dir() / TOKENIZER_CACHE_NAME)
     args = ["model=tiny", "algo=dpo", "data.pairs.num_prompts=8", "data.pairs.eval_prompts=4",
@@ -182,9 +180,21 @@ def test_tiny_dpo_on_the_default_data_runs(tmp_path):
             "trainer.tensorboard=false", "trainer.device=cpu", "trainer.num_threads=1", "trainer.save_every=0",
             "eval.num_problems=4", "eval.max_new_tokens=8", "eval.diversity_prompts=2", "eval.diversity_samples=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PREFZOO_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return background.Command([sys.executable, "train.py", *args, f"hydra.run.dir={base / 'run'}"], ROOT, env)
+
+
+#: in the background (tests/background.py)
+DEFAULT_DATA_RUN = background.register("cli_default_data", __name__, _default_data_run)
+
+
+@pytest.mark.slow  # ~15 s of CPU: the tiny model samples 8 + 4 prompts, 2 DPO steps, 2 evaluations
+def test_tiny_dpo_on_the_default_data_runs():
+    """Issue 17, item 15: ``python train.py model=tiny algo=dpo``, the first thing a newcomer tries (here with
+    fewer prompts and steps, in a cache of its own). The random model never answers right, so the built-in pairs
+    take the known answer as chosen, and the log says so. Before: the empty pair set was cached and the run ended
+    in a StopIteration traceback from datasets."""
+    proc = DEFAULT_DATA_RUN.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "train preference pairs: model=tiny gave no pair of its own (sample accuracy 0.0% over 48 samples): 8 " \
            "pairs use the task's known answer as chosen" in proc.stdout + proc.stderr
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
+    assert json.loads((proc.base / "run" / "summary.json").read_text())["steps"] == 2

@@ -13,29 +13,43 @@ import pytest
 
 from prefzoo.algos import REGISTRY, get_algorithm, load_target
 from prefzoo.errors import ConfigError, PluginError
+from tests import background
 from tests.test_cli import FIXTURE, ROOT, TINY_RUN
 
 EXAMPLES = ROOT / "docs" / "examples"
 
 
+def env_with(extra_path: Path = EXAMPLES) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
+            "PYTHONPATH": os.pathsep.join([str(extra_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
 def run(args: list[str], run_dir: Path, extra_path: Path = EXAMPLES) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
-           "PYTHONPATH": os.pathsep.join([str(extra_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                          env=env_with(extra_path), capture_output=True, text=True, timeout=300)
 
 
-def test_custom_algorithm_trains_the_tiny_model_from_the_command_line(tmp_path):
+def _custom_run(base: Path) -> background.Command:
+    args = [a for a in TINY_RUN if not a.startswith("algo=")]
+    return background.Command([sys.executable, "train.py", "algo=custom", "algo.target=my_algos:ChosenNLL",
+                               "+algo.weight=0.5", *args, f"hydra.run.dir={base / 'run'}"], ROOT, env_with(), 300)
+
+
+#: the README's plugin trained from the command line, in the background (tests/background.py)
+CUSTOM_RUN = background.register("custom_algorithm_run", __name__, _custom_run)
+
+
+def test_custom_algorithm_trains_the_tiny_model_from_the_command_line():
     """The README's 40-line plugin, named by import path, trains 2 steps on the tiny model: its loss is logged,
     its config (with the +algo.weight override) is recorded, the adapter is saved."""
-    args = [a for a in TINY_RUN if not a.startswith("algo=")]
-    proc = run(["algo=custom", "algo.target=my_algos:ChosenNLL", "+algo.weight=0.5", *args], tmp_path / "run")
+    proc = CUSTOM_RUN.result()
+    run_dir = proc.base / "run"
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["nll"] > 0 for r in rows)
-    cfg = (tmp_path / "run" / "config.yaml").read_text()
+    cfg = (run_dir / "config.yaml").read_text()
     assert "name: chosen_nll" in cfg and "target: my_algos:ChosenNLL" in cfg and "weight: 0.5" in cfg
-    assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
 
 
 BAD = [

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from prefzoo.report import load_runs, markdown_table, swept_keys, write_report
+from tests import background
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
@@ -21,18 +22,25 @@ FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 
 
+def _sweep(base: Path) -> background.Command:
+    return background.Command(
+        [sys.executable, "train.py", "-m", "model=tiny", "data=file", f"data.path={FIXTURE}",
+         "algo=dpo,simpo", "objective.beta=0.1,0.5", "trainer.max_steps=2", "trainer.batch_size=2",
+         "trainer.micro_batch_size=2", "trainer.progress=false", "trainer.tensorboard=false",
+         "trainer.num_threads=1", "trainer.save_every=0", "eval.max_new_tokens=6", "eval.diversity_prompts=2",
+         "eval.diversity_samples=2", f"hydra.sweep.dir={base / 'sweep'}"], ROOT, ENV)
+
+
+#: `python train.py -m` over the 2 x 2 grid, in the background (tests/background.py)
+SWEEP = background.register("report_sweep", __name__, _sweep)
+
+
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, overoptimisation_run) -> Path:
-    """The 2 x 2 sweep (the end-to-end recipe run, started first, works beside it: 2 cores)."""
-    out = tmp_path_factory.mktemp("sweep")
-    cmd = [sys.executable, "train.py", "-m", "model=tiny", "data=file", f"data.path={FIXTURE}",
-           "algo=dpo,simpo", "objective.beta=0.1,0.5", "trainer.max_steps=2", "trainer.batch_size=2",
-           "trainer.micro_batch_size=2", "trainer.progress=false", "trainer.tensorboard=false",
-           "trainer.num_threads=1", "trainer.save_every=0", "eval.max_new_tokens=6", "eval.diversity_prompts=2",
-           "eval.diversity_samples=2", f"hydra.sweep.dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+def sweep() -> Path:
+    """The 2 x 2 sweep's folder."""
+    proc = SWEEP.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return proc.base / "sweep"
 
 
 def test_multirun_writes_one_summary_per_job(sweep):
@@ -206,11 +214,7 @@ def test_a_swept_value_on_the_command_line_replaces_the_recipe_list():
     assert sorted(" ".join(j) for j in jobs) == ["objective.beta=0.5 algo=simpo", "objective.beta=2 algo=simpo"]
 
 
-@pytest.fixture(scope="module")
-def overoptimisation_run(tmp_path_factory):
-    """`python train.py -m +recipe=overoptimisation_small` on the tiny model, started in the background (the 2 x 2
-    sweep runs meanwhile); {"proc", "out"}: the test waits for it."""
-    out = tmp_path_factory.mktemp("overoptimisation")
+def _overoptimisation_run(base: Path) -> background.Command:
     rm = ["algo=rm", "data=file", f"data.path={FIXTURE}", "data.eval_fraction=0.25", "trainer.max_steps=2",
           "trainer.batch_size=4", "model.name=tiny", "trainer.num_threads=1", "trainer.progress=false",
           "trainer.tensorboard=false", "trainer.save_every=0"]
@@ -219,24 +223,21 @@ def overoptimisation_run(tmp_path_factory):
            "eval.num_problems=4", "eval.diversity_prompts=4", "eval.max_new_tokens=6", "rollout.max_new_tokens=6",
            "+recipe/overoptimisation_points=bon_n1,bon_n2,grpo_beta0",
            "hydra.callbacks.reward_model.overrides=[" + ",".join(f"'{o}'" for o in rm) + "]",
-           f"hydra.sweep.dir={out}"]
-    logs = tmp_path_factory.mktemp("overoptimisation_console")
-    with open(logs / "stdout", "w") as stdout, open(logs / "stderr", "w") as stderr:  # files: nobody reads meanwhile
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=stdout, stderr=stderr)
-    yield {"proc": proc, "out": out, "logs": logs}
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+           f"hydra.sweep.dir={base / 'sweep'}"]
+    return background.Command(cmd, ROOT, ENV)
 
 
-def test_overoptimisation_recipe_end_to_end_on_the_tiny_model(overoptimisation_run):
+#: the recipe end to end, in the background (tests/background.py)
+OVEROPTIMISATION_RUN = background.register("report_overoptimisation_recipe", __name__, _overoptimisation_run)
+
+
+def test_overoptimisation_recipe_end_to_end_on_the_tiny_model():
     """`python train.py -m +recipe=overoptimisation_small` with the tiny model: the callback trains the proxy reward
     model first (here on the fixture pairs, labelled by the exact-match verifier, the gold), best-of-n and GRPO run
     against it, and the sweep ends with the report: gold/proxy columns, the overoptimisation section and plot."""
-    proc, tmp_path = overoptimisation_run["proc"], overoptimisation_run["out"]
-    proc.wait(timeout=600)
-    stdout, stderr = ((overoptimisation_run["logs"] / name).read_text() for name in ("stdout", "stderr"))
-    assert proc.returncode == 0, stderr[-3000:]
+    proc = OVEROPTIMISATION_RUN.result()
+    tmp_path, stdout = proc.base / "sweep", proc.stdout
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "reward_model" / "value_model.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0-bon", "1-bon", "2-grpo", "reward_model"]
     assert f"report of 4 runs: {tmp_path / 'report.md'}" in stdout
