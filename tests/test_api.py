@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import torch
 import prefzoo
 from prefzoo.errors import ConfigError, PrefzooError, RunFolderError
 from tests.models.helpers import one_thread_fixture, plain_logps, sequence_batch
-from tests.shared_runs import ENV, ROOT, RUN  # RUN: the command line's tiny DPO run with trainer.lr=0.05
+from tests.shared_runs import ENV, ROOT  # (and RUN, the runs' overrides: the command line's tiny DPO run, lr 0.05)
 
 
 @pytest.fixture(autouse=True)
