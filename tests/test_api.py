@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,12 +18,7 @@ import torch
 import prefzoo
 from prefzoo.errors import ConfigError, PrefzooError, RunFolderError
 from tests.models.helpers import one_thread_fixture, plain_logps, sequence_batch
-from tests.test_cli import ROOT, TINY_RUN
-
-#: the command line's tiny DPO run (2 steps on the bundled pairs) with a learning rate large enough that the adapter
-#: moves the log-probs well beyond float rounding (so "the adapter is loaded" is visible in them)
-RUN = [*TINY_RUN, "trainer.lr=0.05"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
+from tests.shared_runs import ENV, ROOT  # (and RUN, the runs' overrides: the command line's tiny DPO run, lr 0.05)
 
 
 @pytest.fixture(autouse=True)
@@ -134,30 +128,11 @@ def test_load_policy_on_a_folder_without_a_run_names_the_folder_and_the_fix(tmp_
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tiny_cli_run, tiny_api_run):
     """prefzoo.train(RUN) in a folder of its own, with the Trainer it ran kept (its policy at the end of training):
-    (result, trainer, run folder)."""
-    from prefzoo.training import loop
-
-    kept = []
-    real_run = loop.Trainer.run
-
-    def run_and_keep(self):
-        kept.append(self)
-        return real_run(self)
-
-    run_dir = tmp_path_factory.mktemp("api") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loop.Trainer, "run", run_and_keep)
-        with one_thread_ctx():
-            result = prefzoo.train(RUN, run_dir=run_dir)
-    return result, kept[0], run_dir
-
-
-def one_thread_ctx():
-    from tests.models.helpers import threads
-
-    return threads(1)
+    (result, trainer, run folder). The session's ``python train.py RUN`` (tiny_cli_run) runs in the background
+    (tests/shared_runs.py)."""
+    return tiny_api_run
 
 
 PROMPT = "What is 12 + 7? Answer with the number only."
@@ -253,16 +228,15 @@ def test_run_result_is_what_the_run_folder_holds(trained):
 
 
 @pytest.mark.slow  # ~15 s more: the same run from the command line
-def test_the_api_run_is_the_command_line_run(trained, tmp_path):
+def test_the_api_run_is_the_command_line_run(trained, tiny_cli_run):
     """``python train.py RUN hydra.run.dir=...`` in a subprocess, against the API run of the same overrides: the same
     files in the run folder (names, relative to it; TensorBoard off in both), the same config.yaml, the same
     .hydra/overrides.yaml and .hydra/config.yaml, the same losses at every step (the same seed: bit for bit on one
     thread), the same evaluation after training."""
     _, _, api_dir = trained
-    cli_dir = tmp_path / "cli"
-    proc = subprocess.run([sys.executable, "train.py", *RUN, f"hydra.run.dir={cli_dir}"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cli = tiny_cli_run.result()
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    cli_dir = cli.base / "run"
 
     def files(folder: Path) -> list[str]:
         return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())

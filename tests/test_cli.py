@@ -1,14 +1,13 @@
 """The command line: ``python train.py ...`` in a subprocess (cwd = the repository root).
 
-The quick command lines start at once in a module fixture (each pays ~2 s of imports; on 2 cores
-running them side by side halves the wait). That a bad value fails BEFORE any model loads is shown
+The command lines run in the background from the session's start (tests/background.py: each pays ~2-8 s of
+imports, while the in-process tests use the other core). That a bad value fails BEFORE any model loads is shown
 in-process, for more values: ``run_from_hydra`` gets the composed config with the model loader, the
 tokenizer loader and the Trainer replaced by tripwires (tests/test_config.py checks every message).
 """
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,61 +15,67 @@ import pytest
 
 from prefzoo import cli
 from prefzoo.training import loop, setup
+from tests import background
+from tests.shared_runs import FIXTURE, ROOT, TINY_RUN  # noqa: F401 (imported from here by other modules)
 from tests.test_config import composed
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = "tests/fixtures/arithmetic_pairs.jsonl"
-TINY_RUN = ["algo=dpo", "model=tiny", "data=file", f"data.path={FIXTURE}", "trainer.max_steps=2",
-            "trainer.batch_size=2", "trainer.save_every=1", "trainer.progress=false", "trainer.tensorboard=false",
-            "trainer.num_threads=1", "trainer.device=cpu", "model.lora.r=4", "data.max_length=96",
-            "data.max_prompt_length=64"]
 QUICK = {
     "cfg_job": ["--cfg", "job", "algo=dpo", "model=tiny"],
-    "cfg_job_orpo": ["--cfg", "job", "algo=orpo"],
-    "cfg_job_sum": ["--cfg", "job", "algo=dpo", "algo.loss_type=[sigmoid,sft]", "algo.loss_weights=[1.0,0.5]"],
     "bad_beta": ["model=tiny", "objective.beta=-1"],
     "bad_algo": ["model=tiny", "algo=nope"],
 }
 
 
-def run_concurrently(base: Path, commands: dict[str, list[str]]) -> dict:
-    """{name: (returncode, stdout, stderr, run_dir)} of ``python train.py <args> hydra.run.dir=...``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
-    procs = {}
-    for name, args in commands.items():
-        run_dir = base / name
-        procs[name] = (subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), run_dir)
+def _quick(name: str):
+    def prepare(base: Path) -> background.Command:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "HYDRA_FULL_ERROR": "0"}
+        return background.Command([sys.executable, "train.py", *QUICK[name], f"hydra.run.dir={base / name}"], ROOT,
+                                  env, 300)
+    return prepare
+
+
+#: the quick command lines (the ones that stop at the configuration), in the background (tests/background.py)
+QUICK_RUNS = {name: background.register(f"cli_{name}", __name__, _quick(name)) for name in QUICK}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """{name: (returncode, stdout, stderr, run_dir)} of the quick command lines."""
     out = {}
-    for name, (proc, run_dir) in procs.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        out[name] = (proc.returncode, stdout, stderr, run_dir)
+    for name, job in QUICK_RUNS.items():
+        result = job.result()
+        out[name] = (result.returncode, result.stdout, result.stderr, result.base / name)
     return out
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The quick command lines (the ones that stop at the configuration), side by side."""
-    return run_concurrently(tmp_path_factory.mktemp("cli"), QUICK)
+def tiny_run(tiny_cli_run):
+    """The session's ``python train.py RUN`` (tests/shared_runs.py: TINY_RUN with trainer.lr=0.05; tests/test_api.py
+    compares it with the API run)."""
+    result = tiny_cli_run.result()
+    return result.returncode, result.stdout, result.stderr, result.base / "run"
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    return run_concurrently(tmp_path_factory.mktemp("cli"), {"tiny": TINY_RUN})["tiny"]
+def cfg_job(*overrides: str) -> str:
+    """What ``python train.py --cfg job <overrides>`` prints, in this process: Hydra's ``--cfg job`` is
+    ``OmegaConf.to_yaml`` of the composed config without its ``hydra`` node, which is what ``compose`` returns
+    (test_cfg_job_prints_the_composed_config runs the real command)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(composed(*overrides))
 
 
-def test_cfg_job_of_orpo_and_of_a_weighted_dpo_sum(runs):
-    rc, stdout, stderr, _ = runs["cfg_job_orpo"]
-    assert rc == 0, stderr
+def test_cfg_job_of_orpo_and_of_a_weighted_dpo_sum():
+    stdout = cfg_job("algo=orpo")
     assert "algo:\n  name: orpo\n" in stdout and "\n  default_beta: 0.1\n" in stdout
-    rc, stdout, stderr, _ = runs["cfg_job_sum"]
-    assert rc == 0, stderr
+    stdout = cfg_job("algo=dpo", "algo.loss_type=[sigmoid,sft]", "algo.loss_weights=[1.0,0.5]")
     assert "\n  loss_type:\n  - sigmoid\n  - sft\n  loss_weights:\n  - 1.0\n  - 0.5\n" in stdout
 
 
 def test_cfg_job_prints_the_composed_config(runs):
     rc, stdout, stderr, _ = runs["cfg_job"]
     assert rc == 0, stderr
+    assert stdout == cfg_job("algo=dpo", "model=tiny")  # what cfg_job() stands for elsewhere
     assert "algo:\n  name: dpo\n" in stdout and "\n  loss_type: sigmoid\n" in stdout
     assert "model:\n  name: tiny" in stdout
     for group in ("data:", "reward:", "objective:", "trainer:"):
@@ -162,15 +167,12 @@ def test_reward_function_errors_come_before_the_model_loads(monkeypatch, capsys,
     assert err.startswith("prefzoo: error: ") and needle in err and err.count("\n") == 1
 
 
-@pytest.mark.slow  # ~15 s of CPU: the tiny model samples 8 + 4 prompts, 2 DPO steps, 2 evaluations
-def test_tiny_dpo_on_the_default_data_runs(tmp_path):
-    """Issue 17, item 15: ``python train.py model=tiny algo=dpo``, the first thing a newcomer tries (here with
-    fewer prompts and steps, in a cache of its own). The random model never answers right, so the built-in pairs
-    take the known answer as chosen, and the log says so. Before: the empty pair set was cached and the run ended
-    in a StopIteration traceback from datasets."""
+def _default_data_run(base: Path) -> background.Command:
+    """``python train.py model=tiny algo=dpo`` (fewer prompts and steps) in a cache of its own (base/cache, holding
+    the tokenizer only), its run folder base/run."""
     from prefzoo.models.loading import TOKENIZER_CACHE_NAME, cache_dir
 
-    cache = tmp_path / "cache"
+    cache = base / "cache"
     cache.mkdir()
     (cache / TOKENIZER_CACHE_NAME).symlink_to(cache_dir() / TOKENIZER_CACHE_NAME)
     args = ["model=tiny", "algo=dpo", "data.pairs.num_prompts=8", "data.pairs.eval_prompts=4",
@@ -178,9 +180,21 @@ def test_tiny_dpo_on_the_default_data_runs(tmp_path):
             "trainer.tensorboard=false", "trainer.device=cpu", "trainer.num_threads=1", "trainer.save_every=0",
             "eval.num_problems=4", "eval.max_new_tokens=8", "eval.diversity_prompts=2", "eval.diversity_samples=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PREFZOO_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return background.Command([sys.executable, "train.py", *args, f"hydra.run.dir={base / 'run'}"], ROOT, env)
+
+
+#: in the background (tests/background.py)
+DEFAULT_DATA_RUN = background.register("cli_default_data", __name__, _default_data_run)
+
+
+@pytest.mark.slow  # ~15 s of CPU: the tiny model samples 8 + 4 prompts, 2 DPO steps, 2 evaluations
+def test_tiny_dpo_on_the_default_data_runs():
+    """Issue 17, item 15: ``python train.py model=tiny algo=dpo``, the first thing a newcomer tries (here with
+    fewer prompts and steps, in a cache of its own). The random model never answers right, so the built-in pairs
+    take the known answer as chosen, and the log says so. Before: the empty pair set was cached and the run ended
+    in a StopIteration traceback from datasets."""
+    proc = DEFAULT_DATA_RUN.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "train preference pairs: model=tiny gave no pair of its own (sample accuracy 0.0% over 48 samples): 8 " \
            "pairs use the task's known answer as chosen" in proc.stdout + proc.stderr
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
+    assert json.loads((proc.base / "run" / "summary.json").read_text())["steps"] == 2

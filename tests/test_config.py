@@ -4,6 +4,8 @@ Configs are composed in-process exactly as ``train.py`` does (conf/ over the reg
 these tests are fast; tests/test_cli.py runs the real command line.
 """
 
+import copy
+import functools
 from pathlib import Path
 
 import pytest
@@ -204,16 +206,44 @@ def test_the_float_keys_cover_every_part_of_the_config():
     assert len(NAN_INF) >= 30
 
 
+@functools.lru_cache(maxsize=None)
+def _composed_algo(algo: str):
+    return composed(f"algo={algo}", "model=tiny")
+
+
+def typed_with_value(algo: str, override: str) -> Config:
+    """``typed(f"algo={algo}", "model=tiny", override)`` with Hydra composing each algorithm's config once: the
+    value override is parsed by Hydra's own override parser and set on a copy, as composition sets it (a full
+    composition costs ~0.5 s, and the sweep below has ~80 keys x 3 values)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cfg = copy.deepcopy(_composed_algo(algo))
+    parsed = OverridesParser.create().parse_override(override)
+    OmegaConf.update(cfg, parsed.key_or_group, parsed.value(), merge=False)
+    return to_typed(cfg)
+
+
+#: the cases of the sweep that also go through a full Hydra composition (one scalar and one list key)
+COMPOSED_NAN_INF = [("dpo", "objective.beta", False), ("dpo", "reward.weights", True)]
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_every_float_key_refuses_nan_and_inf(value):
     """Before: objective.beta=nan, trainer.lr=nan, data.pairs.temperature=inf ... all passed validation (and ended in
-    tracebacks later: NaN losses, torch's 'invalid learning rate', multinomial on inf)."""
+    tracebacks later: NaN losses, torch's 'invalid learning rate', multinomial on inf). Every case through
+    to_typed on the composed config with the value set by Hydra's override parser; COMPOSED_NAN_INF also through
+    Hydra's composition of the override itself (typed)."""
+    assert set(COMPOSED_NAN_INF) <= set(NAN_INF)
+    def fully_composed(algo: str, override: str) -> Config:
+        return typed(f"algo={algo}", "model=tiny", override)
+
     wrong = []
-    for algo, key, is_list in NAN_INF:
+    for (algo, key, is_list), build in [*((case, typed_with_value) for case in NAN_INF),
+                                        *((case, fully_composed) for case in COMPOSED_NAN_INF)]:
         override = f"{key}=[{value}]" if is_list else f"{key}={value}"
         named = f"{key}[0]={float(value)}" if is_list else f"{key}={float(value)}"
         try:
-            typed(f"algo={algo}", "model=tiny", override)
+            build(algo, override)
             wrong.append((override, "accepted"))
         except ConfigError as err:
             if not str(err).startswith(f"{named} is not a finite number; give a finite value"):

@@ -13,45 +13,94 @@ import pytest
 
 from prefzoo.algos import REGISTRY, get_algorithm, load_target
 from prefzoo.errors import ConfigError, PluginError
+from tests import background
 from tests.test_cli import FIXTURE, ROOT, TINY_RUN
 
 EXAMPLES = ROOT / "docs" / "examples"
 
 
+def env_with(extra_path: Path = EXAMPLES) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
+            "PYTHONPATH": os.pathsep.join([str(extra_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
 def run(args: list[str], run_dir: Path, extra_path: Path = EXAMPLES) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
-           "PYTHONPATH": os.pathsep.join([str(extra_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                          env=env_with(extra_path), capture_output=True, text=True, timeout=300)
 
 
-def test_custom_algorithm_trains_the_tiny_model_from_the_command_line(tmp_path):
+def _custom_run(base: Path) -> background.Command:
+    args = [a for a in TINY_RUN if not a.startswith("algo=")]
+    return background.Command([sys.executable, "train.py", "algo=custom", "algo.target=my_algos:ChosenNLL",
+                               "+algo.weight=0.5", *args, f"hydra.run.dir={base / 'run'}"], ROOT, env_with(), 300)
+
+
+#: the README's plugin trained from the command line, in the background (tests/background.py)
+CUSTOM_RUN = background.register("custom_algorithm_run", __name__, _custom_run)
+
+
+def test_custom_algorithm_trains_the_tiny_model_from_the_command_line():
     """The README's 40-line plugin, named by import path, trains 2 steps on the tiny model: its loss is logged,
     its config (with the +algo.weight override) is recorded, the adapter is saved."""
-    args = [a for a in TINY_RUN if not a.startswith("algo=")]
-    proc = run(["algo=custom", "algo.target=my_algos:ChosenNLL", "+algo.weight=0.5", *args], tmp_path / "run")
+    proc = CUSTOM_RUN.result()
+    run_dir = proc.base / "run"
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["nll"] > 0 for r in rows)
-    cfg = (tmp_path / "run" / "config.yaml").read_text()
+    cfg = (run_dir / "config.yaml").read_text()
     assert "name: chosen_nll" in cfg and "target: my_algos:ChosenNLL" in cfg and "weight: 0.5" in cfg
-    assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD = [
     (["algo=custom"], "algo=custom needs algo.target"),
     (["algo=custom", "algo.target=no_such_pkg.algos:X"], "module 'no_such_pkg' not found"),
     (["algo=custom", "algo.target=my_algos:Missing"], "has no attribute 'Missing'"),
     (["algo=custom", "algo.target=my_algos:ChosenNLLConfig"], "is not an algorithm plugin"),
     (["algo=custom", "algo.target=my_algos:ChosenNLL", "+algo.weight=-1"], "algo.weight=-1.0 must be > 0"),
     (["algo=custom", "algo.target=my_algos:ChosenNLL", "+algo.nope=1"], "algo.target=my_algos:ChosenNLL"),
-])
-def test_bad_custom_algorithms_fail_in_one_line(tmp_path, args, needle):
+]
+
+
+def assert_one_error_line(returncode, stderr: str, needle: str) -> None:
+    assert returncode == 2, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prefzoo: error:") and needle in lines[0], stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_custom_algorithms_fail_in_one_line(monkeypatch, capsys, args, needle):
+    """In this process, through the CLI's entry point on the config ``train.py`` composes (what ``python train.py``
+    runs after Hydra), the examples folder on the path as PYTHONPATH puts it there; nothing may be built."""
+    from prefzoo import cli
+    from prefzoo.training import loop, setup
+    from tests.test_config import composed
+
+    def tripwire(*_a, **_k):
+        raise AssertionError("a model or tokenizer was loaded / the trainer was built before the refusal")
+
+    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loop, "Trainer", tripwire)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    registered = set(REGISTRY)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.run_from_hydra(composed(*args, "model=tiny"))
+    finally:
+        for name in set(REGISTRY) - registered:  # load_target registers the plugin it loads
+            REGISTRY.pop(name)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_error_line(exit_.value.code, captured.err, needle)
+
+
+def test_a_bad_custom_algorithm_fails_in_one_line_from_the_command_line(tmp_path):
+    """The last of BAD through a real ``python train.py`` (Hydra's main, the exit status, stderr)."""
+    args, needle = BAD[-1]
     proc = run([*args, "model=tiny"], tmp_path / "run")
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("prefzoo: error:") and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_one_error_line(proc.returncode, proc.stderr, needle)
 
 
 def test_an_installed_entry_point_is_an_algorithm(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,21 +14,33 @@ import pytest
 import yaml
 
 from prefzoo.report import load_runs, markdown_table, swept_keys, write_report
+from tests import background
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
+#: one torch thread in the subprocesses (the tiny model is much faster so on a shared 2-core machine)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+
+
+def _sweep(base: Path) -> background.Command:
+    return background.Command(
+        [sys.executable, "train.py", "-m", "model=tiny", "data=file", f"data.path={FIXTURE}",
+         "algo=dpo,simpo", "objective.beta=0.1,0.5", "trainer.max_steps=2", "trainer.batch_size=2",
+         "trainer.micro_batch_size=2", "trainer.progress=false", "trainer.tensorboard=false",
+         "trainer.num_threads=1", "trainer.save_every=0", "eval.max_new_tokens=6", "eval.diversity_prompts=2",
+         "eval.diversity_samples=2", f"hydra.sweep.dir={base / 'sweep'}"], ROOT, ENV)
+
+
+#: `python train.py -m` over the 2 x 2 grid, in the background (tests/background.py)
+SWEEP = background.register("report_sweep", __name__, _sweep)
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sweep")
-    cmd = [sys.executable, "train.py", "-m", "model=tiny", "data=file", f"data.path={FIXTURE}",
-           "algo=dpo,simpo", "objective.beta=0.1,0.5", "trainer.max_steps=2", "trainer.batch_size=2",
-           "trainer.micro_batch_size=2", "trainer.progress=false", "trainer.tensorboard=false",
-           f"hydra.sweep.dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+def sweep() -> Path:
+    """The 2 x 2 sweep's folder."""
+    proc = SWEEP.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return proc.base / "sweep"
 
 
 def test_multirun_writes_one_summary_per_job(sweep):
@@ -40,7 +53,7 @@ def test_multirun_writes_one_summary_per_job(sweep):
 
 def test_report_table_has_a_row_per_run_and_swept_columns(sweep, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "prefzoo.report", str(sweep), "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {tmp_path / 'report.md'}" in proc.stdout
     lines = [line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("|")]
@@ -205,10 +218,7 @@ def test_a_swept_value_on_the_command_line_replaces_the_recipe_list():
     assert sorted(" ".join(j) for j in jobs) == ["objective.beta=0.5 algo=simpo", "objective.beta=2 algo=simpo"]
 
 
-def test_overoptimisation_recipe_end_to_end_on_the_tiny_model(tmp_path):
-    """`python train.py -m +recipe=overoptimisation_small` with the tiny model: the callback trains the proxy reward
-    model first (here on the fixture pairs, labelled by the exact-match verifier, the gold), best-of-n and GRPO run
-    against it, and the sweep ends with the report: gold/proxy columns, the overoptimisation section and plot."""
+def _overoptimisation_run(base: Path) -> background.Command:
     rm = ["algo=rm", "data=file", f"data.path={FIXTURE}", "data.eval_fraction=0.25", "trainer.max_steps=2",
           "trainer.batch_size=4", "model.name=tiny", "trainer.num_threads=1", "trainer.progress=false",
           "trainer.tensorboard=false", "trainer.save_every=0"]
@@ -217,12 +227,24 @@ def test_overoptimisation_recipe_end_to_end_on_the_tiny_model(tmp_path):
            "eval.num_problems=4", "eval.diversity_prompts=4", "eval.max_new_tokens=6", "rollout.max_new_tokens=6",
            "+recipe/overoptimisation_points=bon_n1,bon_n2,grpo_beta0",
            "hydra.callbacks.reward_model.overrides=[" + ",".join(f"'{o}'" for o in rm) + "]",
-           f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+           f"hydra.sweep.dir={base / 'sweep'}"]
+    return background.Command(cmd, ROOT, ENV)
+
+
+#: the recipe end to end, in the background (tests/background.py)
+OVEROPTIMISATION_RUN = background.register("report_overoptimisation_recipe", __name__, _overoptimisation_run)
+
+
+def test_overoptimisation_recipe_end_to_end_on_the_tiny_model():
+    """`python train.py -m +recipe=overoptimisation_small` with the tiny model: the callback trains the proxy reward
+    model first (here on the fixture pairs, labelled by the exact-match verifier, the gold), best-of-n and GRPO run
+    against it, and the sweep ends with the report: gold/proxy columns, the overoptimisation section and plot."""
+    proc = OVEROPTIMISATION_RUN.result()
+    tmp_path, stdout = proc.base / "sweep", proc.stdout
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "reward_model" / "value_model.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0-bon", "1-bon", "2-grpo", "reward_model"]
-    assert f"report of 4 runs: {tmp_path / 'report.md'}" in proc.stdout
+    assert f"report of 4 runs: {tmp_path / 'report.md'}" in stdout
     text = (tmp_path / "report.md").read_text()
     assert "## Overoptimisation: gold vs proxy reward" in text and "gold_sample_reward" in text
     assert (tmp_path / "overoptimisation.png").is_file()

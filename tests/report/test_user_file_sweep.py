@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from prefzoo.report.sweep_dirs import job_dirname, swept_keys
+from tests import background
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
@@ -55,9 +55,7 @@ def test_a_sweep_names_its_jobs_by_what_it_sweeps(tmp_path):
     assert job_dirname(job, [], swept=set()).startswith("algo=simpo,data.path=x.jsonl,model=tiny,")
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("user_sweep")
+def _sweep(root: Path) -> background.Command:
     rows = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
     paths = []
     for folder, name in (("a/b", "x.jsonl"), ("a/c", "y.jsonl")):  # a user's pairs, without an answer column
@@ -71,10 +69,20 @@ def sweep(tmp_path_factory) -> Path:
            "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_every=0", "trainer.num_threads=1",
            "eval.num_problems=2", "eval.diversity_prompts=2", "eval.diversity_samples=2", "eval.max_new_tokens=6",
            f"hydra.sweep.dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return background.Command(cmd, ROOT, None, 900)
+
+
+#: the sweep over two user files, in the background (tests/background.py)
+SWEEP = background.register("user_file_sweep", __name__, _sweep)
+
+
+@pytest.fixture(scope="module")
+def sweep() -> Path:
+    proc = SWEEP.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
+    root = proc.base
     (root / "console.txt").write_text(proc.stdout + proc.stderr)
-    return out
+    return root / "sweep"
 
 
 def test_each_run_is_one_folder_of_the_sweep(sweep):

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 
 import pytest
 import yaml
 
 import prefzoo
 from tests.models.helpers import threads
-from tests.test_cli import TINY_RUN
+from tests.shared_runs import RUN
 
 
 def card_parts(path):
@@ -80,21 +81,22 @@ def check_card(run_dir, overrides):
 
 
 @pytest.mark.slow  # ~25 s: a 2-step tiny DPO run with 2 evaluations, then 1 more step resumed, 1 more evaluation
-def test_the_card_holds_the_runs_numbers_and_is_rewritten_after_a_resume(tmp_path):
+def test_the_card_holds_the_runs_numbers_and_is_rewritten_after_a_resume(tmp_path, tiny_api_run):
     """Expected: after 2 steps the card's evaluation table is summary.json's eval_before / eval_after (values and
     standard errors), its objective summary.json's beta / divergence / estimator, its steps 2, its command the
     overrides of .hydra/overrides.yaml; after ``trainer.resume=true trainer.max_steps=3`` in the same folder, the
     card says 3 steps, its "after" column is the new summary's (a different evaluation: its KL differs), and its
     command is the resuming one. Before: peft's template ("# Model Card for Model ID", base_model '', no table)."""
-    run_dir = tmp_path / "run"
-    first = [*TINY_RUN, "trainer.lr=0.05"]
-    with threads(1):
-        prefzoo.train(first, run_dir=run_dir)
-    summary, rows = check_card(run_dir, first)
+    _, _, first_dir = tiny_api_run  # the session's prefzoo.train(RUN) (tests/shared_runs.py), read only
+    first = RUN
+    summary, rows = check_card(first_dir, first)
     assert summary["steps"] == 2
-    (quick_start, *_) = re.findall(r"```python\n(.*?)```", (run_dir / "adapter" / "README.md").read_text(), flags=re.S)
+    (quick_start, *_) = re.findall(r"```python\n(.*?)```", (first_dir / "adapter" / "README.md").read_text(),
+                                   flags=re.S)
     with threads(1):
         exec(compile(quick_start, "adapter/README.md", "exec"), {})  # noqa: S102 (the card's own snippet runs)
+    run_dir = tmp_path / "run"
+    shutil.copytree(first_dir, run_dir)  # resumed in a copy: the session's run stays as it was
     again = [o for o in first if not o.startswith("trainer.max_steps=")] + ["trainer.max_steps=3", "trainer.resume=true"]
     with threads(1):
         prefzoo.train(again, run_dir=run_dir)

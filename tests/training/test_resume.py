@@ -27,7 +27,7 @@ def config(resume=False, max_steps=6, save_every=3, **trainer) -> Config:
         algo=DPOConfig(),
         model=ModelConfig(name="tiny", lora=lora_settings(dropout=0.1)),
         data=DataConfig(name="file", path=FIXTURE),
-        eval=EvalConfig(batch_size=4),
+        eval=EvalConfig(batch_size=4, max_new_tokens=6, diversity_prompts=2, diversity_samples=2),  # small: no check reads it
         trainer=TrainerConfig(max_steps=max_steps, save_every=save_every, batch_size=2, micro_batch_size=1, lr=5e-3,
                               warmup_steps=1, resume=resume, progress=False, tensorboard=False, device="cpu",
                               num_threads=1, **trainer),

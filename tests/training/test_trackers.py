@@ -33,14 +33,13 @@ def tensorboard_scalars(folder):
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
-@pytest.mark.slow  # ~15 s: 2 DPO steps of the tiny model, 2 evaluations
-def test_evaluations_are_in_tensorboard_beside_the_training_scalars(tmp_path):
+@pytest.mark.slow  # the module's one tracked run (tracked_run): 2 DPO steps of the tiny model, 2 evaluations
+def test_evaluations_are_in_tensorboard_beside_the_training_scalars(tracked_run):
     """Expected (read back with TensorBoard's EventAccumulator): the training loss at steps 1 and 2, and every
     number of eval_before.json at step 0 and of eval_after.json at step 2 as eval/<metric>, equal to the json
     (float32 in the event file: compared to 1e-6). Before: no eval/ tag at all (the first missing:
     eval/n_problems)."""
-    run = tmp_path / "run"
-    Trainer(compose(DPO), run).run()
+    run = tracked_run["run"]
     scalars = tensorboard_scalars(run / "tb")
     assert set(scalars["loss"]) == {1, 2}
     for tag, step in (("before", 0), ("after", 2)):
@@ -125,12 +124,11 @@ def require(package: str):
 LOCAL = ("127.0.0.1", "::1", "localhost", "", None)
 
 
-@pytest.fixture
-def no_network(monkeypatch):
-    """Every name lookup and connection of this process to an address that is not local, recorded (and refused):
-    the test asserts the list is empty at its end. (W&B's own service runs in a child process over a local socket;
-    trackio writes SQLite.) Threads of the trackers are covered: a refused lookup in a background thread does not
-    fail the test by itself, the record does."""
+def refuse_the_network(monkeypatch) -> list[str]:
+    """Every name lookup and connection of this process to an address that is not local, recorded (and refused)
+    while ``monkeypatch`` is in force: the tests assert the list is empty. (W&B's own service runs in a child
+    process over a local socket; trackio writes SQLite.) Threads of the trackers are covered: a refused lookup in a
+    background thread does not fail the test by itself, the record does."""
     attempts: list[str] = []
     real_connect, real_lookup = socket.socket.connect, socket.getaddrinfo
 
@@ -187,8 +185,40 @@ def assert_holds(tracked: dict[int, dict], expected: dict[int, dict]) -> None:
         assert got == pytest.approx(values, rel=1e-9, abs=1e-12), step
 
 
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    """The module's one run with every tracker on (trainer.report_to=[tensorboard,wandb,trackio]; the three tests
+    below read it): W&B in offline mode (prefzoo's default when WANDB_MODE is unset), trackio in local mode (its
+    SQLite store in a folder of its own: TRACKIO_DIR), and no name lookup or connection beyond the machine while it
+    runs and while the tests read it (:func:`refuse_the_network`, the record in ``attempts``).
+    {"run", "store", "attempts"}."""
+    require("wandb")
+    require("trackio")
+    import sys
+    from pathlib import Path
+
+    base = tmp_path_factory.mktemp("tracked")
+    store = base / "trackio"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        attempts = refuse_the_network(monkeypatch)
+        monkeypatch.setenv("WANDB_MODE", "unset")  # (so that the variable prefzoo sets is undone after the module)
+        monkeypatch.delenv("WANDB_MODE")  # prefzoo's default: offline
+        monkeypatch.setenv("WANDB_SILENT", "true")
+        monkeypatch.setenv("TRACKIO_DIR", str(store))
+        monkeypatch.setenv("TRACKIO_PROJECT", "prefzoo-test")
+        for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
+            monkeypatch.delenv(name, raising=False)
+        import trackio.sqlite_storage  # noqa: F401
+
+        for mod in [m for name, m in sys.modules.items() if name.startswith("trackio") and hasattr(m, "TRACKIO_DIR")]:
+            monkeypatch.setattr(mod, "TRACKIO_DIR", Path(store))  # read when trackio is first imported
+        run = base / "run"
+        train(DPO + ["trainer.report_to=[tensorboard,wandb,trackio]"], run)
+        yield {"run": run, "store": store, "attempts": attempts}
+
+
 @pytest.mark.slow
-def test_wandb_offline_run_holds_training_and_evaluation_scalars_and_the_config(tmp_path, monkeypatch, no_network):
+def test_wandb_offline_run_holds_training_and_evaluation_scalars_and_the_config(tracked_run):
     """W&B in offline mode (prefzoo's default when WANDB_MODE is unset; no network): its run file holds, at their
     steps, every training scalar of metrics.jsonl (steps 1 and 2), every number of eval_before.json at step 0 and of
     eval_after.json at step 2 as eval/<key>, and as its config the run's whole config.yaml. Read back from the file
@@ -196,12 +226,7 @@ def test_wandb_offline_run_holds_training_and_evaluation_scalars_and_the_config(
     machine, and no telemetry exporter built. Before (trackers extra not installed): skipped; then, with W&B
     installed, W&B's telemetry thread looked up api.forge.coreweave.com (WANDB_MODE unset: only wandb.init got
     mode="offline")."""
-    require("wandb")
-    monkeypatch.setenv("WANDB_MODE", "unset")  # (so that the variable prefzoo sets is undone after the test)
-    monkeypatch.delenv("WANDB_MODE")  # prefzoo's default: offline
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    run = tmp_path / "run"
-    train(DPO + ["trainer.report_to=[tensorboard,wandb]"], run)
+    run = tracked_run["run"]
     (path,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
     history, config = {}, {}
     for record in wandb_records(path):
@@ -219,31 +244,19 @@ def test_wandb_offline_run_holds_training_and_evaluation_scalars_and_the_config(
     from wandb.analytics.opentelemetry import opentelemetry_proxy
 
     assert getattr(opentelemetry_proxy, "_singleton_telemetry_proxy", None) is None
-    assert no_network == []
+    assert tracked_run["attempts"] == []
 
 
 @pytest.mark.slow
-def test_trackio_local_run_holds_training_and_evaluation_scalars_and_the_config(tmp_path, monkeypatch, no_network):
+def test_trackio_local_run_holds_training_and_evaluation_scalars_and_the_config(tracked_run):
     """trackio in local mode (its SQLite store, in a folder of the test's own: TRACKIO_DIR; no network): the run's
     rows hold, at their steps, every training scalar of metrics.jsonl, every number of eval_before.json at step 0
     and of eval_after.json at step 2 as eval/<key>, and its config the run's whole config.yaml. Read back with
     trackio's own SQLiteStorage, not through prefzoo; no name lookup or connection beyond the machine. Before
     (trackers extra not installed): skipped."""
-    require("trackio")
-    import sys
-    from pathlib import Path
-
-    store = tmp_path / "trackio"
-    monkeypatch.setenv("TRACKIO_DIR", str(store))
-    monkeypatch.setenv("TRACKIO_PROJECT", "prefzoo-test")
-    for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
-        monkeypatch.delenv(name, raising=False)
     import trackio.sqlite_storage as storage
 
-    for mod in [m for name, m in sys.modules.items() if name.startswith("trackio") and hasattr(m, "TRACKIO_DIR")]:
-        monkeypatch.setattr(mod, "TRACKIO_DIR", Path(store))  # read when trackio is first imported
-    run = tmp_path / "run"
-    train(DPO + ["trainer.report_to=[trackio]"], run)
+    run, store = tracked_run["run"], tracked_run["store"]
     rows = storage.SQLiteStorage.get_logs("prefzoo-test", run.name)
     by_step = {}
     for row in rows:
@@ -252,7 +265,7 @@ def test_trackio_local_run_holds_training_and_evaluation_scalars_and_the_config(
     config = storage.SQLiteStorage.get_run_config("prefzoo-test", run.name)
     assert {k: v for k, v in config.items() if not k.startswith("_")} == saved_config(run)
     assert storage.SQLiteStorage.get_project_db_path("prefzoo-test").is_relative_to(store)
-    assert no_network == []
+    assert tracked_run["attempts"] == []
 
 
 def test_offline_defaults_are_set_only_where_the_user_set_nothing():
