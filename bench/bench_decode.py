@@ -16,6 +16,9 @@ What is measured:
   head), plus the KV cache the attention reads at the mean length of the rollout (B x layers x 2 x H_kv x (P +
   steps / 2) x d x 4 bytes).
 * **floor** = bytes per step / read bandwidth: no decode step can be faster on this machine.
+* **compute floor** (for context): 2 x B x (weights of the linear layers, output layer included) FLOPs / the best
+  float32 matmul rate measured here (``--matmul-size`` squared): where B rows make the step compute-bound
+  instead (on 2 cores at B = 8-16, fp32), the bandwidth fraction cannot reach 1.
 * **decode step**: (time of a rollout of ``--steps`` tokens - time of a rollout of 1 token) / (steps - 1), the median
   of ``--repeats``; the 1-token rollout is the prefill and one sampling, so the difference is steps - 1 decode
   forwards and their sampling. Per token = step / B.
@@ -62,6 +65,28 @@ def bandwidth(mib: int, repeats: int) -> dict:
     return {"read_gb_s": max(reads), "copy_gb_s": max(copies), "tensor_mib": mib}
 
 
+def matmul_gflops(size: int, repeats: int) -> float:
+    """Best float32 (size x size) @ (size x size) rate in GFLOP/s over ``repeats`` products."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = max(best, 2 * size ** 3 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def linear_weights(model) -> int:
+    """Weights the matmuls of one token read: every ``nn.Linear`` weight (the output layer included), once each."""
+    seen, total = set(), 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m.weight.data_ptr() not in seen:
+            seen.add(m.weight.data_ptr())
+            total += m.weight.numel()
+    return total
+
+
 def weight_bytes(model) -> int:
     """Bytes of every distinct parameter and buffer of ``model`` (tied weights once)."""
     seen, total = set(), 0
@@ -90,16 +115,25 @@ def rollout_seconds(model, prompts, steps: int, kv_cache: str, compile_decode: b
     return time.perf_counter() - t
 
 
-def measure(model, prompts, steps: int, repeats: int, kv_cache: str, compile_decode: bool) -> dict:
-    """Median decode-step seconds (see the module docstring), and the first (warm-up / compiling) rollout's time."""
-    first = rollout_seconds(model, prompts, steps, kv_cache, compile_decode)
-    rollout_seconds(model, prompts, 1, kv_cache, compile_decode)
-    full, one = [], []
+def measure(model, prompts, steps: int, repeats: int, modes: list[tuple[str, bool]]) -> list[dict]:
+    """Per mode (kv_cache, compiled): the median decode-step seconds (see the module docstring) and the first
+    (warm-up, compiling) rollout's time. The modes take turns within each repeat, so a load that drifts over the run
+    weighs on all of them alike."""
+    first = [rollout_seconds(model, prompts, steps, kv, c) for kv, c in modes]
+    for kv, c in modes:
+        rollout_seconds(model, prompts, 1, kv, c)
+    full, one = [[] for _ in modes], [[] for _ in modes]
     for _ in range(repeats):
-        full.append(rollout_seconds(model, prompts, steps, kv_cache, compile_decode))
-        one.append(rollout_seconds(model, prompts, 1, kv_cache, compile_decode))
-    full_s, one_s = statistics.median(full), statistics.median(one)
-    return {"step_s": (full_s - one_s) / (steps - 1), "rollout_s": full_s, "prefill_s": one_s, "first_rollout_s": first}
+        for i, (kv, c) in enumerate(modes):
+            full[i].append(rollout_seconds(model, prompts, steps, kv, c))
+            one[i].append(rollout_seconds(model, prompts, 1, kv, c))
+    out = []
+    for i in range(len(modes)):
+        full_s, one_s = statistics.median(full[i]), statistics.median(one[i])
+        each = [(f - o) / (steps - 1) for f, o in zip(full[i], one[i])]
+        out.append({"step_s": (full_s - one_s) / (steps - 1), "rollout_s": full_s, "prefill_s": one_s,
+                    "first_rollout_s": first[i], "step_s_all": each})
+    return out
 
 
 def main(argv=None) -> int:
@@ -112,6 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true", help="also the static loop with the decode step compiled")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bandwidth-mib", type=int, default=1024)
+    ap.add_argument("--matmul-size", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--note", default="", help="load conditions, stored in the results (e.g. 'idle', 'under load')")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode.json"))
@@ -128,8 +163,10 @@ def main(argv=None) -> int:
     model = load_causal_lm(args.model, tokenizer=tok).eval()
     use_gqa_attention(model)
     bw = bandwidth(args.bandwidth_mib, max(args.repeats, 5))
-    wbytes = weight_bytes(model)
-    print(f"bandwidth: read {bw['read_gb_s']:.1f} GB/s, copy {bw['copy_gb_s']:.1f} GB/s; weights {wbytes / 1e6:.0f} MB; "
+    bw["matmul_gflop_s"] = matmul_gflops(args.matmul_size, max(args.repeats, 5))
+    wbytes, n_linear = weight_bytes(model), linear_weights(model)
+    print(f"bandwidth: read {bw['read_gb_s']:.1f} GB/s, copy {bw['copy_gb_s']:.1f} GB/s; matmul "
+          f"{bw['matmul_gflop_s']:.0f} GFLOP/s; weights {wbytes / 1e6:.0f} MB; "
           f"threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f}; note: {args.note or '-'}")
     modes = [(kv, False) for kv in args.kv_cache] + ([("static", True)] if args.compile else [])
     rows = []
@@ -140,21 +177,24 @@ def main(argv=None) -> int:
         prompts = PromptBatch(p_ids, p_mask)
         kv = kv_bytes(model.config, b, p_ids.shape[1] + args.steps / 2)
         floor = (wbytes + kv) / (bw["read_gb_s"] * 1e9)
-        for kv_cache, compiled in modes:
-            m = measure(model, prompts, args.steps, args.repeats, kv_cache, compiled)
+        flop_floor = 2 * b * n_linear / (bw["matmul_gflop_s"] * 1e9)
+        for (kv_cache, compiled), m in zip(modes, measure(model, prompts, args.steps, args.repeats, modes)):
             row = {"rows": b, "kv_cache": kv_cache, "compile": compiled, "prompt_tokens": int(p_ids.shape[1]),
-                   "steps": args.steps, "weight_bytes": wbytes, "kv_bytes": kv, "floor_s": floor, **m,
+                   "steps": args.steps, "weight_bytes": wbytes, "kv_bytes": kv, "floor_s": floor,
+                   "compute_floor_s": flop_floor, **m,
                    "token_s": m["step_s"] / b, "floor_fraction": floor / m["step_s"]}
             rows.append(row)
             print(f"B={b:>2} {kv_cache:>7}{' compiled' if compiled else ''}: step {m['step_s'] * 1e3:7.1f} ms "
                   f"({m['step_s'] / b * 1e3:6.1f} ms/token), floor {floor * 1e3:6.1f} ms, "
-                  f"floor/step {floor / m['step_s']:.2f}; first rollout {m['first_rollout_s']:.1f} s", flush=True)
+                  f"floor/step {floor / m['step_s']:.2f}, compute floor {flop_floor * 1e3:6.1f} ms; "
+                  f"first rollout {m['first_rollout_s']:.1f} s", flush=True)
     print()
-    print("| B | kv_cache | compile | step ms | ms/token | floor ms | floor/step |")
-    print("|---|---|---|---|---|---|---|")
+    print("| B | kv_cache | compile | step ms | ms/token | bandwidth floor ms | floor/step | compute floor ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['rows']} | {r['kv_cache']} | {'yes' if r['compile'] else 'no'} | {r['step_s'] * 1e3:.1f} | "
-              f"{r['token_s'] * 1e3:.1f} | {r['floor_s'] * 1e3:.1f} | {r['floor_fraction']:.2f} |")
+              f"{r['token_s'] * 1e3:.1f} | {r['floor_s'] * 1e3:.1f} | {r['floor_fraction']:.2f} | "
+              f"{r['compute_floor_s'] * 1e3:.1f} |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

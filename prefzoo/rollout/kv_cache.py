@@ -18,6 +18,10 @@ Rows that finish stay in the buffers (their outputs are ignored) until a quarter
 buffers are compacted to the live rows (:meth:`PreallocatedKV.keep`), so a rollout compacts O(log B) times, not once
 per finished row.
 
+For a compiled decode step (``fixed_shapes``) every step has the same shapes instead: ``update`` writes at a position
+held in a one-element tensor and returns the whole buffers, the mask covers the whole capacity (positions not written
+yet are masked out), and finished rows stay to the end.
+
 Only caches whose every layer is a plain full-attention ``DynamicLayer`` are converted (:func:`can_preallocate`):
 sliding-window, linear-attention or quantized layers keep the dynamic path.
 """
