@@ -158,6 +158,13 @@ class RolloutConfig:
     # truncated importance-sampling correction of the engine/trainer mismatch: advantages weighted by
     # min(pi_trainer_old / pi_engine, cap) per token (TRL's vllm_importance_sampling_correction); null: off
     is_correction_cap: Optional[float] = None
+    # engine=hf: the decode loop's KV cache, static (preallocated, written in place; prefzoo.rollout.kv_cache) |
+    # dynamic (transformers' own, concatenated each step); static measured faster (bench/bench_decode.py)
+    kv_cache: str = "static"
+    compile_decode: bool = False  # engine=hf: the decode step through torch.compile (minutes to compile on a CPU)
+    # engine=hf sampling from the merged-weights copy: log its mismatch with the trainer (engine/logp_diff_*), at
+    # the price of a no-grad pass of the policy where the algorithm needs none
+    log_mismatch: bool = False
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
@@ -393,6 +400,7 @@ def check_rollout_engine(cfg: Config) -> None:
 
     r, m = cfg.rollout, cfg.model
     _choice("rollout.engine", r.engine, ("hf", "vllm"))
+    _choice("rollout.kv_cache", r.kv_cache, ("static", "dynamic"))
     if r.is_correction_cap is not None:
         _positive("rollout.is_correction_cap", r.is_correction_cap)
         if r.engine == "hf":

@@ -7,8 +7,11 @@ rows [i*G, (i+1)*G) answer prompt i, completions right-padded after the first EO
 without EOS ``truncated``.
 
 * :class:`HFEngine` (``hf``, the default): prefzoo's own decode loop on the trained model (or its merged-weights
-  copy, :mod:`prefzoo.models.merged`), in the trainer's process; its samples are the trainer's own, so it reports
-  no log-probs of its own (``sample_logps`` stays None).
+  copy, :mod:`prefzoo.models.merged`), in the trainer's process, over a preallocated KV cache by default
+  (``rollout.kv_cache``, :mod:`prefzoo.rollout.kv_cache`). On the trained model itself its samples are the trainer's
+  own; from the merged copy (other weights: ``W + s B A`` rounded once) it reports the log-probs it sampled with
+  (``sample_logps``) when ``report_logps`` (``rollout.log_mismatch``), so the rollout/trainer mismatch is logged as for
+  vLLM, at the price of one no-grad pass where the plugin needs none.
 * :class:`prefzoo.rollout.vllm_engine.VLLMEngine` (``vllm``, optional): vLLM's offline ``LLM`` beside the trainer,
   fed the LoRA adapter after every optimizer step; it fills ``sample_logps`` with the log-probs it sampled with,
   from which the rollout's engine/trainer mismatch is logged and, with ``rollout.is_correction_cap``, corrected
@@ -62,12 +65,21 @@ class HFEngine:
     Args:
         merged_rollout: sample from a merged-weights copy of a LoRA model (:mod:`prefzoo.models.merged`), refreshed
             from the adapter before each call; False: the peft model itself.
+        kv_cache: ``static`` (preallocated) or ``dynamic`` (``transformers``' own): see
+            :func:`prefzoo.rollout.generate.sample_completions`.
+        compile_decode: the decode step through ``torch.compile`` (static cache only).
+        report_logps: when sampling from the merged copy, return the log-probs the tokens were sampled with as
+            ``sample_logps`` (the rollout/trainer mismatch is then logged, ``engine/logp_diff_*``).
     """
 
     name = "hf"
 
-    def __init__(self, merged_rollout: bool = True):
+    def __init__(self, merged_rollout: bool = True, kv_cache: str = "static", compile_decode: bool = False,
+                 report_logps: bool = False):
         self.merged_rollout = merged_rollout
+        self.kv_cache = kv_cache
+        self.compile_decode = compile_decode
+        self.report_logps = report_logps
         self._merged = None  # None: not built yet; False: the model cannot be merged
 
     def sampling_model(self, model: nn.Module) -> nn.Module:
@@ -92,11 +104,15 @@ class HFEngine:
         was_training = model.training
         model.eval()
         try:
-            batch, _ = sample_completions(self.sampling_model(model), prompts, num_samples, params,
-                                          eos_token_ids=list(eos_token_ids), pad_id=pad_id, generator=generator,
-                                          uniforms=uniforms)
+            sampler = self.sampling_model(model)
+            batch, logps = sample_completions(sampler, prompts, num_samples, params,
+                                              eos_token_ids=list(eos_token_ids), pad_id=pad_id, generator=generator,
+                                              uniforms=uniforms, kv_cache=self.kv_cache,
+                                              compile_decode=self.compile_decode)
         finally:
             model.train(was_training)
+        if self.report_logps and sampler is not model:
+            batch.sample_logps = logps
         return batch
 
     def close(self) -> None:

@@ -7,16 +7,25 @@ with ``transformers``' ``generate`` it skips the generic logits-processor and st
 (the tests check it picks the same greedy tokens) and returns the log-probability each token had when it
 was sampled.
 
+The KV cache (``kv_cache``, ``rollout.kv_cache``): ``static`` (the default) moves the prefill's cache into buffers
+preallocated for the whole rollout and writes one position per step in place, with the attention mask prebuilt
+(:mod:`prefzoo.rollout.kv_cache`); ``dynamic`` is ``transformers``' own, grown by concatenation every step in every
+layer. ``compile_decode`` runs the static loop's decode step through ``torch.compile`` on fixed shapes. Measured
+against the memory-bandwidth floor in ``bench/bench_decode.py``.
+
 Layout of the result: completions right-padded with ``pad_id`` after the first EOS; the EOS itself is a
 completion token (it is what the policy chose); rows without EOS are marked ``truncated``.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from prefzoo.rollout.kv_cache import PreallocatedKV, can_preallocate, mask_format
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
 
 
@@ -82,15 +91,33 @@ def prompt_uniforms(seeds: list[int], num_samples: int, steps: int, device: torc
 _CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
+KV_CACHES = ("static", "dynamic")
+
+
+def _choose(logits: Tensor, params: SamplingParams, generator: torch.Generator | None, uniforms: Tensor | None
+            ) -> tuple[Tensor, Tensor]:
+    """One decode step's choice from ``logits`` (Shape (n, V) float32): (token Shape (n,) long, its log-prob under the
+    temperature-scaled distribution before top-p, Shape (n,) float32)."""
+    if params.greedy:
+        logprobs = torch.log_softmax(logits, -1)
+        token = logits.argmax(-1)
+    else:
+        logits = logits / params.temperature
+        logprobs = torch.log_softmax(logits, -1)
+        token = sample_from(filter_top_p(logits, params.top_p).softmax(-1), generator, uniforms)
+    return token, logprobs.gather(-1, token[:, None])[:, 0]
+
+
 @torch.no_grad()
 def sample_completions(model, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
                        eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None,
-                       uniforms: Tensor | None = None) -> tuple[SequenceBatch, Tensor]:
+                       uniforms: Tensor | None = None, kv_cache: str = "static", compile_decode: bool = False
+                       ) -> tuple[SequenceBatch, Tensor]:
     """Sample ``num_samples`` completions for each prompt.
 
     Each distinct prompt is run through the model once (prefill); its KV cache is then repeated for its
-    ``num_samples`` rows. Rows that have finished are dropped from the cache, so later decode steps only
-    pay for the rows still writing.
+    ``num_samples`` rows. Finished rows stop costing: the dynamic cache drops them at once; the static cache
+    compacts its buffers when a quarter of its rows are finished (:mod:`prefzoo.rollout.kv_cache`).
 
     Args:
         model: a causal LM taking ``input_ids, attention_mask, position_ids`` and a KV cache.
@@ -102,11 +129,21 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
         generator: random source for sampling (reproducible rollouts).
         uniforms: Shape (B*G, max_new_tokens), the uniform in [0, 1) that row r inverts at step t (e.g. from
             :func:`prompt_uniforms`); when given, ``generator`` is not used. None: drawn from ``generator``.
+        kv_cache: ``static`` (preallocated buffers written in place, :class:`prefzoo.rollout.kv_cache.PreallocatedKV`;
+            models whose cache it cannot hold, e.g. sliding-window layers, run the dynamic one) or ``dynamic``
+            (``transformers``' cache, concatenated each step). Both give the same tokens and log-probs up to float
+            rounding (``tests/rollout/test_static_cache.py``).
+        compile_decode: (static cache, sdpa or eager attention) run the decode step through ``torch.compile``, on
+            fixed shapes (the whole buffers every step, finished rows kept to the end): compiled once per model and
+            shape (:func:`compiled_step`); otherwise ignored.
 
     Returns:
         (batch, sample_logps): the (B*G)-row :class:`SequenceBatch` (with ``prompt_index`` and ``truncated``),
         and the log-probability of each sampled token under the temperature-scaled distribution the
         sampler drew from before top-p filtering, Shape (B*G, C) float32, 0 after the end.
+
+    Raises:
+        ValueError: ``uniforms`` of the wrong shape, or an unknown ``kv_cache``.
     """
     device = prompts.prompt_ids.device
     n_prompts = prompts.prompt_ids.shape[0]
@@ -114,37 +151,72 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
     if uniforms is not None and tuple(uniforms.shape) != (rows, params.max_new_tokens):
         raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}; expected (prompts x num_samples, "
                          f"max_new_tokens) = ({rows}, {params.max_new_tokens})")
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache={kv_cache!r} is not one of {KV_CACHES}")
     eos = torch.tensor(eos_token_ids, device=device)
     position = position_ids_from_mask(prompts.prompt_mask)
     out = model(input_ids=prompts.prompt_ids, attention_mask=prompts.prompt_mask.long(), position_ids=position,
                 use_cache=True, logits_to_keep=1)
     cache = getattr(out, _CACHE)
-    if num_samples > 1:
-        cache.batch_repeat_interleave(num_samples)
-    logits = out.logits[:, -1].float().repeat_interleave(num_samples, dim=0)
-    attention = prompts.prompt_mask.long().repeat_interleave(num_samples, dim=0)
-    next_position = position[:, -1:].repeat_interleave(num_samples, dim=0) + 1
-    active = torch.arange(rows, device=device)
     steps = params.max_new_tokens
-    tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
-    token_logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
-    lengths = torch.full((rows,), steps, dtype=torch.long, device=device)
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    result = _Result(rows, steps, pad_id, device)
+    logits = out.logits[:, -1].float().repeat_interleave(num_samples, dim=0)
+    next_position = position[:, -1:].repeat_interleave(num_samples, dim=0) + 1
+    if kv_cache == "static" and can_preallocate(cache):
+        fmt = mask_format(model)
+        fixed = compile_decode and fmt != "2d"
+        kv = PreallocatedKV(cache, prompts.prompt_mask, num_samples, prompts.prompt_ids.shape[1] + max(steps - 1, 0),
+                            fmt, cache.layers[0].keys.dtype, fixed_shapes=fixed)
+        _decode_static(compiled_step(model) if fixed else model, kv, logits, next_position, params, eos, generator,
+                       uniforms, result, compact=not fixed)
+    else:
+        if num_samples > 1:
+            cache.batch_repeat_interleave(num_samples)
+        attention = prompts.prompt_mask.long().repeat_interleave(num_samples, dim=0)
+        _decode_dynamic(model, cache, logits, attention, next_position, params, eos, generator, uniforms, result)
+    lengths = result.lengths
+    width = int(lengths.max()) if rows else 0
+    completion_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
+    batch = SequenceBatch(
+        prompt_ids=prompts.prompt_ids.repeat_interleave(num_samples, dim=0),
+        prompt_mask=prompts.prompt_mask.repeat_interleave(num_samples, dim=0),
+        completion_ids=result.tokens[:, :width].masked_fill(~completion_mask, pad_id), completion_mask=completion_mask,
+        prompt_index=torch.arange(n_prompts, device=device).repeat_interleave(num_samples),
+        truncated=~result.finished,
+    )
+    return batch, result.token_logps[:, :width].masked_fill(~completion_mask, 0.0)
+
+
+class _Result:
+    """What the decode loops fill: tokens and log-probs per (row, step), lengths, which rows ended with EOS."""
+
+    def __init__(self, rows: int, steps: int, pad_id: int, device):
+        self.tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
+        self.token_logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+        self.lengths = torch.full((rows,), steps, dtype=torch.long, device=device)
+        self.finished = torch.zeros(rows, dtype=torch.bool, device=device)
+
+    def record(self, rows: Tensor, t: int, token: Tensor, logp: Tensor, eos: Tensor) -> Tensor:
+        """Store step ``t``'s tokens of ``rows``; the mask (Shape (n,) bool) of those that just ended."""
+        self.tokens[rows, t] = token
+        self.token_logps[rows, t] = logp
+        return torch.isin(token, eos)
+
+    def end(self, rows: Tensor, t: int) -> None:
+        self.finished[rows] = True
+        self.lengths[rows] = t + 1
+
+
+def _decode_dynamic(model, cache, logits, attention, next_position, params, eos, generator, uniforms, result):
+    """The decode loop over ``transformers``' dynamic cache: finished rows dropped from it at once."""
+    device = logits.device
+    active = torch.arange(logits.shape[0], device=device)
+    steps = params.max_new_tokens
     for t in range(steps):
-        if params.greedy:
-            logprobs = torch.log_softmax(logits, -1)
-            token = logits.argmax(-1)
-        else:
-            logits = logits / params.temperature
-            logprobs = torch.log_softmax(logits, -1)
-            token = sample_from(filter_top_p(logits, params.top_p).softmax(-1), generator,
-                                None if uniforms is None else uniforms[active, t])
-        tokens[active, t] = token
-        token_logps[active, t] = logprobs.gather(-1, token[:, None])[:, 0]
-        done = torch.isin(token, eos)
+        token, logp = _choose(logits, params, generator, None if uniforms is None else uniforms[active, t])
+        done = result.record(active, t, token, logp, eos)
         if bool(done.any()):
-            finished[active[done]] = True
-            lengths[active[done]] = t + 1
+            result.end(active[done], t)
             keep = (~done).nonzero()[:, 0]
             if keep.numel() == 0:
                 break
@@ -158,13 +230,64 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
                     use_cache=True, **{_CACHE: cache})
         logits = out.logits[:, -1].float()
         next_position = next_position + 1
-    width = int(lengths.max()) if rows else 0
-    completion_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
-    batch = SequenceBatch(
-        prompt_ids=prompts.prompt_ids.repeat_interleave(num_samples, dim=0),
-        prompt_mask=prompts.prompt_mask.repeat_interleave(num_samples, dim=0),
-        completion_ids=tokens[:, :width].masked_fill(~completion_mask, pad_id), completion_mask=completion_mask,
-        prompt_index=torch.arange(n_prompts, device=device).repeat_interleave(num_samples),
-        truncated=~finished,
-    )
-    return batch, token_logps[:, :width].masked_fill(~completion_mask, 0.0)
+
+
+_COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model):
+    """``torch.compile(model, dynamic=True)`` (inductor), built once per model object and kept while it lives.
+
+    Dynamic shapes: one compilation serves every batch size and cache length (with the default, a second shape
+    recompiles: measured on the tiny model, 30 s + 34 s instead of 40 s once)."""
+    step = _COMPILED.get(model)
+    if step is None:
+        step = _COMPILED[model] = torch.compile(model, dynamic=True)
+    return step
+
+
+#: the static loop compacts its buffers once this share of their rows has finished
+COMPACT_SHARE = 0.25
+
+
+def _decode_static(model, kv: PreallocatedKV, logits, position, params, eos, generator, uniforms, result,
+                   compact: bool = True):
+    """The decode loop over preallocated buffers (:class:`PreallocatedKV`).
+
+    ``slots[i]`` is the result row held in buffer row i; ``live`` the buffer rows still writing (None: all of them).
+    A finished row stays in the buffers, fed its last token, its outputs ignored, until :data:`COMPACT_SHARE` of the
+    buffer rows have finished; then every buffer keeps only the live rows."""
+    device = logits.device
+    slots = torch.arange(logits.shape[0], device=device)
+    live = None
+    feed = None
+    steps = params.max_new_tokens
+    for t in range(steps):
+        rows = slots if live is None else slots[live]
+        token, logp = _choose(logits if live is None else logits[live], params, generator,
+                              None if uniforms is None else uniforms[rows, t])
+        done = result.record(rows, t, token, logp, eos)
+        if bool(done.any()):
+            result.end(rows[done], t)
+            still = ~done
+            if not bool(still.any()):
+                break
+            live = (torch.arange(len(slots), device=device) if live is None else live)[still]
+            token = token[still]
+            if compact and len(slots) - len(live) >= COMPACT_SHARE * len(slots):
+                kv.keep(live)
+                slots, position, live = slots[live], position[live], None
+                feed = None
+        if t == steps - 1:
+            break
+        if live is None:
+            feed = token
+        else:
+            if feed is None:
+                feed = torch.zeros(len(slots), dtype=token.dtype, device=device)
+            feed[live] = token
+        out = model(input_ids=feed[:, None], attention_mask=kv.step_mask(1), position_ids=position,
+                    use_cache=True, **{_CACHE: kv.cache})
+        kv.advance(1)
+        logits = out.logits[:, -1].float()
+        position = position + 1

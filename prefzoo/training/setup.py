@@ -214,7 +214,7 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
     check_weight_dtype(m.dtype, m.lora.enabled, needs.trains)
     warn_if_emulated({"model.dtype": m.dtype, "model.compute_dtype": m.compute_dtype}, device)
     model = build_base_model(cfg, tokenizer, device)
-    engine = build_engine(cfg, model, tokenizer) if cfg.rollout.engine == "vllm" else None  # (the base, unwrapped)
+    engine = build_engine(cfg, model, tokenizer) if cfg.rollout.engine == "vllm" else hf_engine(cfg)  # (the base)
     model = wrap_trainable(model, m.lora, quantized=m.quantization == "4bit", adapter_path=m.adapter_path,
                            gradient_checkpointing=m.gradient_checkpointing)
     if m.quantization != "4bit":  # (4-bit: peft's prepare_model_for_kbit_training has cast the rest to float32)
@@ -262,6 +262,15 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
                             compute_dtype=getattr(torch, m.compute_dtype) if m.compute_dtype else None,
                             engine=engine, padding_free=padding_free)
     return Built(policy, model, tokenizer, time.perf_counter() - start)
+
+
+def hf_engine(cfg: Config):
+    """The hf rollout engine (prefzoo's decode loop) with the run's ``rollout.*`` and ``model.fast.merged_rollout``."""
+    from prefzoo.rollout.engine import HFEngine
+
+    r = cfg.rollout
+    return HFEngine(cfg.model.fast.merged_rollout, kv_cache=r.kv_cache, compile_decode=r.compile_decode,
+                    report_logps=r.log_mismatch)
 
 
 def build_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):
