@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_online.py                          # SmolLM2-135M, grpo rloo reinforce_pp gspo cispo online_dpo
     .venv/bin/python bench/bench_online.py --model tiny --steps 2   # a smoke test of the script itself
     .venv/bin/python bench/bench_online.py --algos grpo gspo --prompts 4 --max-new-tokens 48
+    .venv/bin/python bench/bench_online.py --algos grpo ppo ppo:algo.epochs=2 ppo:algo.epochs=1 ppo:algo.value_adapter=shared
 
 Setting: each algorithm in its own process (so peak RSS is its own), built by the training loop
 (:class:`prefzoo.training.loop.Trainer`) with its own defaults (beta, estimator, placement, epochs and
@@ -12,7 +13,9 @@ the same rollout shape: ``--prompts`` prompts x ``--samples`` completions of exa
 loop's ``train_step``: sampling, scoring, the no-grad passes, every optimizer step. Reported: median over the
 measured steps (after ``--warmup``) of the step time and its parts (the loop's ``time/experience`` and
 ``time/update``), generated tokens per second of the whole step, peak RSS (``ru_maxrss``, model loading
-included), and the step time relative to GRPO's. Online DPO samples 2 per prompt whatever ``--samples`` says
+included), and the step time relative to GRPO's. An entry ``name:key=value[,key=value]`` adds those overrides
+(e.g. ``ppo:algo.epochs=1``); PPO is measured on the same rollout (``--prompts`` x ``--samples`` rows, one value
+adapter, its own 4 epochs by default) for issue 15's "PPO step <= 2.5x GRPO's". Online DPO samples 2 per prompt whatever ``--samples`` says
 (its generated tokens are counted as such).
 """
 
@@ -42,14 +45,15 @@ def one(args) -> dict:
 
     torch.manual_seed(0)
     model = f"model={args.model}" if args.model in ("smollm2", "tiny") else f"model.name={args.model}"
-    cfg = compose([f"algo={args.one}", model, "reward=arithmetic", f"algo.num_samples={args.samples}",
+    name, _, extra = args.one.partition(":")
+    cfg = compose([f"algo={name}", *[kv for kv in extra.split(",") if kv], model, "reward=arithmetic", f"algo.num_samples={args.samples}",
                    "model.lora.r=16", "model.lora.alpha=32", "model.lora.target_modules=all-linear",
                    "model.dtype=float32", f"trainer.batch_size={args.prompts}", "rollout.temperature=0.7",
                    f"rollout.max_new_tokens={args.max_new_tokens}", f"trainer.max_steps={args.steps + args.warmup}",
                    f"trainer.num_threads={args.threads}", f"trainer.device={args.device}", "trainer.progress=false",
                    "trainer.tensorboard=false", "trainer.save_every=0", "eval.before=false", "eval.after=false",
                    "data.num_train=64"])
-    trainer = Trainer(cfg, Path(args.run_dir) / args.one)
+    trainer = Trainer(cfg, Path(args.run_dir) / args.one.replace(":", "_").replace("=", "-").replace(",", "_"))
     trainer.policy.eos_token_ids = [-1]  # never stop early: every step generates exactly max_new_tokens
     rows = [trainer.train_step() for _ in range(args.steps + args.warmup)][args.warmup:]
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731

@@ -287,6 +287,11 @@ class ValuePolicy(Policy, Protocol):
     def values(self, batch: SequenceBatch) -> Tensor:
         """Per-token values V(s_t) of the state before each completion token, Shape (B, T), float32, with grad."""
 
+    def logps_and_values(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
+                         ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """``(*logps(batch, temperature, with_entropy), values(batch))``, in one forward where the value head shares
+        the policy's trunk (a policy may always just make the two calls)."""
+
     def save_value_head(self, folder, extra: dict | None = None):
         """Write the value model (adapter, head, how to rebuild it) into ``folder``."""
 

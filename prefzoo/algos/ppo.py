@@ -34,6 +34,9 @@ Departures and choices:
   exactly the gradient of entropy_coef * H(pi) (same argument as k1 "in reward", with a uniform reference), and
   it needs nothing from the policy but log-probs (the policy's entropy output carries no gradient).
 * Value model: separate parameters from the policy by default (see :mod:`prefzoo.models.value`), zero-initialised.
+  Log-probs and values come from one call (``policy.logps_and_values``): with ``value_adapter=shared`` that is ONE
+  forward of the trunk for both (the head reads the policy's hidden states); with the default separate adapter it
+  is two (the value adapter changes every layer, so there is nothing to share but the call).
 * The reference is always available (with LoRA it is free): the KL is measured even when beta = 0.
 * Log-probs are recomputed with the sampling temperature, as the sampler drew them.
 
@@ -131,9 +134,9 @@ class PPO(Algorithm):
         scores = score(samples, prompts).float()
         t2 = time.perf_counter()
         mask = samples.completion_mask
-        old_logps, entropy = policy.logps(samples, temperature, with_entropy=True)
+        old_logps, entropy, old_values = policy.logps_and_values(samples, temperature, with_entropy=True)
+        old_values = old_values.float()
         ref_logps = policy.ref_logps(samples, temperature)
-        old_values = policy.values(samples).float()
         t3 = time.perf_counter()
 
         # per-token rewards: KL penalty (and entropy bonus) on every token, r(x, y) on the last one
@@ -177,8 +180,7 @@ class PPO(Algorithm):
     def loss(self, policy: ValuePolicy, batch: Experience) -> LossOutput:
         c, o = self.cfg, self.objective
         mask = batch.completion_mask
-        logps, _ = policy.logps(batch, self.sampling.temperature)
-        values = policy.values(batch)
+        logps, _, values = policy.logps_and_values(batch, self.sampling.temperature)
         policy_loss, policy_clipped = clipped_surrogate_loss(logps, batch.old_logps, batch.advantages, mask,
                                                              c.clip_eps_low, c.clip_eps_high)
         value_loss, value_clipped = clipped_value_loss(values, batch.old_values, batch.returns, mask, c.value_clip_eps)

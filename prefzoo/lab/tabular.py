@@ -243,6 +243,11 @@ class TabularPolicy(nn.Module):
             cols.append(self.terminal_table[rows, batch.completion_ids[:, 0].long()])
         return torch.stack(cols, dim=1).masked_fill(~batch.completion_mask, 0.0)
 
+    def logps_and_values(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
+                         ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """:meth:`logps` and :meth:`values` (tables: nothing to share)."""
+        return (*self.logps(batch, temperature, with_entropy), self.values(batch))
+
     @torch.no_grad()
     def sample(self, prompts: PromptBatch, num_samples: int, params: SamplingParams) -> SequenceBatch:
         """``num_samples`` responses per prompt, grouped: rows [i*n, (i+1)*n) answer prompt i.

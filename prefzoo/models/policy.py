@@ -236,14 +236,19 @@ class CausalLMPolicy:
                             "soft-capping); using the plain log-prob path.", type(module).__name__)
         return parts if self._fused_ok[key] else None
 
-    def _fused(self, parts, batch: SequenceBatch, temperature: float, with_entropy: bool
-               ) -> tuple[Tensor, Tensor | None]:
-        body, head = parts
-        mask = batch.completion_mask
+    def _states(self, body: nn.Module, batch: SequenceBatch) -> Tensor:
+        """The body's final hidden states at the counted positions (those predicting completion tokens), (N, d)."""
         with self.autocast():
             states = packed_states(body, batch, self.share_prompts) if self.padding_free else None
             if states is None:
-                states = completion_hidden(body, batch, self.share_prompts)[mask]
+                states = completion_hidden(body, batch, self.share_prompts)[batch.completion_mask]
+        return states
+
+    def _fused(self, parts, batch: SequenceBatch, temperature: float, with_entropy: bool,
+               states: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        body, head = parts
+        mask = batch.completion_mask
+        states = self._states(body, batch) if states is None else states
         chunk = self.head_chunk_size or max(1, int(mask.sum()))
         logps, entropy = linear_token_logps(states, head.weight, batch.completion_ids[mask], head.bias,
                                             temperature, chunk, with_entropy)
@@ -330,6 +335,33 @@ class CausalLMPolicy:
         finally:
             module.train(was_training)
         return logps.clone()  # a normal tensor (inference tensors cannot be saved for a backward later)
+
+    def logps_and_values(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
+                         ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """:meth:`logps` and :meth:`values` of one batch, from ONE forward of the body when the value head sits on
+        the policy's own trunk (``algo.value_adapter=shared``; fused path, no data-parallel wrapper): the same
+        final hidden states feed the output layer and the value head. Otherwise (a separate value adapter, whose
+        hidden states differ from the policy's from the first layer on, or the plain path) the two calls.
+
+        Returns:
+            (log-probs Shape (B, T) float32 with grad, entropy Shape (B, T) detached or None, values Shape (B, T)
+            float32 with grad), each 0 where ``completion_mask`` is False; equal to the two calls' up to float
+            rounding (``tests/models/test_value.py``).
+        """
+        vm = self.value_model
+        shared = (vm is not None and vm.adapter is None and not vm.owns_backbone and vm.model is self.model
+                  and self.train_forward is None)
+        parts = self.fused_parts(self.model) if shared else None
+        if parts is None:
+            logps, entropy = self.logps(batch, temperature, with_entropy)
+            return logps, entropy, self.values(batch)
+        mode = contextlib.nullcontext() if torch.is_grad_enabled() else eval_mode(self.model)
+        with mode:
+            states = self._states(parts[0], batch)
+            logps, entropy = self._fused(parts, batch, temperature, with_entropy, states)
+        values = vm.head(states.float()).squeeze(-1)
+        full = torch.zeros(batch.completion_mask.shape, dtype=values.dtype, device=values.device)
+        return logps, entropy, full.masked_scatter(batch.completion_mask, values)
 
     def values(self, batch: SequenceBatch) -> Tensor:
         """Per-token value estimates V(prefix up to before each completion token), Shape (B, T), with grad."""

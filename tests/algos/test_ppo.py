@@ -63,6 +63,9 @@ class ScriptedPolicy:
     def values(self, batch):
         return self.value_table * 1.0
 
+    def logps_and_values(self, batch, temperature=1.0, with_entropy=False):
+        return (*self.logps(batch, temperature, with_entropy), self.values(batch))
+
 
 PROMPTS = PromptBatch(torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool), {})
 SCORES = lambda samples, prompts: torch.tensor([1.0, -0.5])  # noqa: E731

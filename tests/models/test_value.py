@@ -198,3 +198,44 @@ def test_reward_model_head_starts_random_and_value_head_at_zero():
     model = wrap_trainable(tiny_model(), lora_settings(), quantized=False, adapter_path=None, gradient_checkpointing=False)
     value = build_value_model(config(), ValueHeadSpec(), model, torch.device("cpu"))
     assert (value.head.weight == 0).all() and (value(sequence_batch(PROMPTS, COMPLETIONS)) == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["shared", "separate"])
+def test_logps_and_values_equal_the_two_calls_and_shared_mode_runs_the_body_once(mode):
+    """PPO's joint pass (a leaner PPO, issue 15): log-probs, entropy, values AND their gradients equal those of
+    ``logps`` + ``values`` called one after the other (fp32: 1e-5); in ``shared`` mode the transformer body runs
+    ONCE for both (the value head reads the policy's own final hidden states), in ``separate`` mode twice (the
+    value adapter changes every layer's output, so nothing can be shared). The values are also checked against
+    the hand computation on the unpadded sequence (:func:`hand_values`)."""
+    from prefzoo.models.value import _decoder
+
+    policy, value = build(mode)
+    batch = sequence_batch(PROMPTS, COMPLETIONS, 2, 1)
+    body = _decoder(policy.model)
+    with torch.no_grad():
+        policy.logps(batch)  # the fused path's one-off check of the model (prefzoo.models.policy) runs the body too
+    calls = []
+    handle = body.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        logps, entropy, values = policy.logps_and_values(batch, 0.7, with_entropy=True)
+    finally:
+        handle.remove()
+    assert len(calls) == (1 if mode == "shared" else 2)
+    params = [p for p in policy.model.parameters() if p.requires_grad] + list(value.head.parameters())
+    g = torch.Generator().manual_seed(3)
+    wl, wv = torch.randn(logps.shape, generator=g), torch.randn(values.shape, generator=g)
+    joint = torch.autograd.grad((logps * wl).sum() + (values * wv).sum(), params, allow_unused=True)
+
+    logps2, entropy2 = policy.logps(batch, 0.7, with_entropy=True)
+    values2 = policy.values(batch)
+    apart = torch.autograd.grad((logps2 * wl).sum() + (values2 * wv).sum(), params, allow_unused=True)
+    torch.testing.assert_close(logps, logps2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, entropy2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(values, values2, atol=1e-5, rtol=1e-5)
+    for a, b in zip(joint, apart):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    for i, (p, c) in enumerate(zip(PROMPTS, COMPLETIONS)):
+        torch.testing.assert_close(values[i, :len(c)].detach(), hand_values(value, p, c), atol=1e-5, rtol=1e-5)
+        assert (values[i, len(c):] == 0).all() and (logps[i, len(c):] == 0).all()
