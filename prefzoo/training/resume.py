@@ -5,7 +5,8 @@
   optimiser and its learning-rate schedule (``trainer.lr``, ``lr_schedule``, ``warmup_steps``, ``weight_decay``),
   the batch size, gradient clipping, and early stopping's metric, mode and min_delta. Each checkpoint stores them in
   ``run_config.json``; resuming with any of them changed is refused with every differing key and its two values
-  (:func:`check_run_config`), before any model loads.
+  (:func:`check_run_config`), before any model loads. A setting added to prefzoo after the checkpoint was written
+  is accepted at its default.
 * **What may change** (:data:`MAY_CHANGE`): ``trainer.max_steps``, the evaluation (``eval.*``), logging and progress
   (``log_every``, ``progress``, ``tensorboard``), ``save_every``, the device and threads, ``micro_batch_size`` and the
   fast paths (the same update, up to float rounding), early stopping's ``every`` / ``patience``, and
@@ -77,8 +78,37 @@ def differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
     return out
 
 
+_MISSING = object()
+
+
+def _json(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def schema_default(cfg, key: str):
+    """The schema's default of the dotted ``key`` in ``cfg``'s dataclasses (JSON form), or a sentinel if none."""
+    *path, last = key.split(".")
+    node = cfg
+    for part in path:
+        node = getattr(node, part, None) if not isinstance(node, dict) else node.get(part)
+    if node is None or not dataclasses.is_dataclass(node):
+        return _MISSING
+    field = {f.name: f for f in dataclasses.fields(node)}.get(last)
+    if field is None:
+        return _MISSING
+    if field.default is not dataclasses.MISSING:
+        return _json(field.default)
+    if field.default_factory is not dataclasses.MISSING:
+        return _json(field.default_factory())
+    return _MISSING
+
+
 def check_run_config(cfg, run_dir: Path, folder: Path, saved: dict | None) -> None:
     """Refuse to resume the run in ``run_dir`` from checkpoint ``folder`` with run-defining settings changed.
+
+    A setting the checkpoint lacks (added to prefzoo after it was written) is accepted when it has its schema default
+    now (logged): that is the value every run that never set it gets; set to anything else, it is refused like a
+    change.
 
     Raises:
         ConfigError: one line listing ``key: <checkpoint value> (checkpoint) vs <value> (now)`` for each change.
@@ -88,6 +118,11 @@ def check_run_config(cfg, run_dir: Path, folder: Path, saved: dict | None) -> No
                     "checked against this run's", folder, "run_config.json")
         return
     diffs = differences(saved, run_config(cfg))
+    added = [key for key, a, b in diffs if a == ABSENT and b == schema_default(cfg, key)]
+    if added:
+        log.info("%s predates the settings %s: resuming with their defaults (%s)", folder.name, ", ".join(added),
+                 ", ".join(f"{k}={_json(schema_default(cfg, k))}" for k in added))
+        diffs = [d for d in diffs if d[0] not in added]
     if not diffs:
         return
     listed = "; ".join(f"{key}: {a!r} (checkpoint) vs {b!r} (now)" for key, a, b in diffs)

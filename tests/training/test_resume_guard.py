@@ -131,6 +131,35 @@ def test_a_checkpoint_without_run_config_resumes_with_a_warning(run_dir, caplog)
     assert any("has no run_config.json" in r.message for r in caplog.records)
 
 
+def drop_from_run_config(run_dir: Path, key: str) -> None:
+    """Make the checkpoints look as if written by a prefzoo that did not have ``key`` yet."""
+    for stored in (run_dir / "checkpoints").glob("step-*/run_config.json"):
+        saved = json.loads(stored.read_text())
+        saved.pop(key)
+        stored.write_text(json.dumps(saved))
+
+
+def test_a_setting_added_since_the_checkpoint_at_its_default_is_accepted(run_dir, caplog):
+    """A checkpoint of an earlier prefzoo lacks the settings added since (here rollout.kv_cache, added with the
+    static cache). Before the fix: "rollout.kv_cache: '(absent)' (checkpoint) vs 'static' (now)", refused, so no
+    run made before an upgrade could be resumed. At its default value the setting is the one the schema gives every
+    run that does not set it: accepted, with a log line naming it."""
+    drop_from_run_config(run_dir, "rollout.kv_cache")
+    with caplog.at_level(logging.INFO):
+        summary = loop.Trainer(resumed(max_steps=3), run_dir).run()
+    assert summary["steps"] == 3
+    assert any("rollout.kv_cache" in r.message and "default" in r.message for r in caplog.records)
+
+
+def test_a_setting_added_since_the_checkpoint_set_away_from_its_default_is_refused(run_dir):
+    """The same missing key set to a non-default value now: the checkpoint cannot say it ran that way: refused."""
+    drop_from_run_config(run_dir, "rollout.kv_cache")
+    cfg = resumed(max_steps=3)
+    cfg.rollout.kv_cache = "dynamic"
+    with pytest.raises(ConfigError, match=r"rollout\.kv_cache: '\(absent\)' \(checkpoint\) vs 'dynamic' \(now\)"):
+        loop.Trainer(cfg, run_dir).run()
+
+
 # ------------------------------------------------------------------ item 7: the learning rate on resume
 def test_a_changed_learning_rate_is_refused(run_dir):
     """Before the fix: trainer.lr=1e-3 was ignored (step 3 logged lr 0.0, the old schedule's) while config.yaml said
