@@ -15,6 +15,7 @@ turns the runner off: each run then starts when its test asks for it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -36,6 +37,17 @@ class Result:
     stdout: str
     stderr: str
     base: Path  # the run's own folder (prepare's ``base``)
+
+
+def _die_with_parent() -> None:
+    """(In the child, Linux) get SIGKILL when the thread that started it ends, e.g. pytest itself killed: no run
+    outlives the session. Elsewhere nothing (the session's end still kills what runs: :meth:`Runner.stop`)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class Job:
@@ -65,7 +77,7 @@ class Job:
             out, err = self.base / f"{self.name}.stdout", self.base / f"{self.name}.stderr"
             with open(out, "w") as stdout, open(err, "w") as stderr:  # files: nobody reads while it runs
                 self.proc = subprocess.Popen(command.args, cwd=command.cwd, env=command.env, stdout=stdout,
-                                             stderr=stderr)
+                                             stderr=stderr, preexec_fn=_die_with_parent)
             try:
                 self.proc.wait(timeout=command.timeout)
             except subprocess.TimeoutExpired:
