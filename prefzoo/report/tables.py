@@ -38,13 +38,16 @@ def _seconds(value) -> str:
 
 def run_cell(run: dict, base: Path | None = None) -> str:
     """The run's folder, relative to ``base`` (where the report is): as it is when short, else its job number
-    (``<n>-...`` of a sweep) or its beginning, linked to the folder."""
+    (``<n>-...`` of a sweep) or its beginning, linked to the folder; a folder outside ``base`` shows its own name,
+    linked."""
     folder = Path(run["dir"])
     rel = Path(os.path.relpath(folder, base)).as_posix() if base is not None else folder.name
-    if len(rel) <= RUN_NAME_WIDTH:
+    outside = rel.startswith("../")  # a report written elsewhere (--out): the run's own name, linked
+    if len(rel) <= RUN_NAME_WIDTH and not outside:
         return rel
-    number = re.match(r"(\d+)-", rel)
-    text = number.group(1) if number else rel[:RUN_NAME_WIDTH - 3] + "..."
+    name = folder.name if outside else rel
+    number = re.match(r"(\d+)-", name)
+    text = name if len(name) <= RUN_NAME_WIDTH else number.group(1) if number else name[:RUN_NAME_WIDTH - 3] + "..."
     return f"[{text}]({quote(rel, safe='/=,+@[]')})"
 
 

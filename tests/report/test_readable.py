@@ -134,3 +134,14 @@ def test_point_labels_do_not_overlap(tmp_path, monkeypatch):
     assert overlapping == []
     fig_box = figures["reward_vs_diversity.png:fig"]
     assert all(b.x0 >= fig_box.x0 and b.x1 <= fig_box.x1 and b.y0 >= fig_box.y0 and b.y1 <= fig_box.y1 for b in boxes)
+
+
+def test_a_report_written_elsewhere_names_each_run_by_its_folder(tmp_path):
+    """``prefzoo report runs/cmp --out /tmp/cmp_report``: before the fix the run column read
+    ``../../work/runs/cmp/dpo`` (the path from the report to the run, shown as text). Now it shows the run's folder
+    name, linked to that relative path."""
+    _offline_sweep(tmp_path / "sweep", names=("dpo", "simpo"))
+    out = tmp_path / "elsewhere" / "report"
+    write_report(tmp_path / "sweep", out)
+    _, rows = _table((out / "report.md").read_text())
+    assert [r[0] for r in rows] == ["[dpo](../../sweep/dpo)", "[simpo](../../sweep/simpo)"], rows
