@@ -13,10 +13,11 @@ the same rollout shape: ``--prompts`` prompts x ``--samples`` completions of exa
 loop's ``train_step``: sampling, scoring, the no-grad passes, every optimizer step. Reported: median over the
 measured steps (after ``--warmup``) of the step time and its parts (the loop's ``time/experience`` and
 ``time/update``), generated tokens per second of the whole step, peak RSS (``ru_maxrss``, model loading
-included), and the step time relative to GRPO's. An entry ``name:key=value[,key=value]`` adds those overrides
-(e.g. ``ppo:algo.epochs=1``); PPO is measured on the same rollout (``--prompts`` x ``--samples`` rows, one value
-adapter, its own 4 epochs by default) for issue 15's "PPO step <= 2.5x GRPO's". Online DPO samples 2 per prompt whatever ``--samples`` says
-(its generated tokens are counted as such).
+included), and the step time relative to GRPO's. An entry ``name:key=value[,key=value]`` adds those overrides,
+which win over the bench's own (e.g. ``ppo:algo.epochs=1``). PPO is measured on the same rollout (``--prompts`` x
+``--samples`` rows, one value adapter, its own 4 epochs by default) for issue 15's "PPO step <= 2.5x GRPO's".
+Online DPO samples 2 per prompt whatever ``--samples`` says, so its same rollout is
+``online_dpo:trainer.batch_size=4`` (4 x 2 rows against 2 x 4; its generated tokens are counted as such).
 """
 
 from __future__ import annotations
@@ -46,19 +47,20 @@ def one(args) -> dict:
     torch.manual_seed(0)
     model = f"model={args.model}" if args.model in ("smollm2", "tiny") else f"model.name={args.model}"
     name, _, extra = args.one.partition(":")
-    cfg = compose([f"algo={name}", *[kv for kv in extra.split(",") if kv], model, "reward=arithmetic", f"algo.num_samples={args.samples}",
+    samples = [] if name == "online_dpo" else [f"algo.num_samples={args.samples}"]  # online DPO: always 2
+    cfg = compose([f"algo={name}", model, "reward=arithmetic", *samples,
                    "model.lora.r=16", "model.lora.alpha=32", "model.lora.target_modules=all-linear",
                    "model.dtype=float32", f"trainer.batch_size={args.prompts}", "rollout.temperature=0.7",
                    f"rollout.max_new_tokens={args.max_new_tokens}", f"trainer.max_steps={args.steps + args.warmup}",
                    f"trainer.num_threads={args.threads}", f"trainer.device={args.device}", "trainer.progress=false",
                    "trainer.tensorboard=false", "trainer.save_every=0", "eval.before=false", "eval.after=false",
-                   "data.num_train=64"])
+                   "data.num_train=64", *[kv for kv in extra.split(",") if kv]])  # the entry's own last: they win
     trainer = Trainer(cfg, Path(args.run_dir) / args.one.replace(":", "_").replace("=", "-").replace(",", "_"))
     trainer.policy.eos_token_ids = [-1]  # never stop early: every step generates exactly max_new_tokens
     rows = [trainer.train_step() for _ in range(args.steps + args.warmup)][args.warmup:]
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     d = trainer.algo.declaration
-    tokens = args.prompts * d.num_samples * args.max_new_tokens
+    tokens = cfg.trainer.batch_size * d.num_samples * args.max_new_tokens
     return {"algo": args.one, "step": med("time/step"), "experience": med("time/experience"),
             "update": med("time/update"), "tokens_per_s": tokens / med("time/step"), "peak_rss_gb": peak_rss_gb(),
             "optimizer_steps": d.epochs * d.num_minibatches, "reference": d.reference}
