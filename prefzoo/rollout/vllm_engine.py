@@ -133,6 +133,11 @@ class VLLMEngine:
         if not self.on_cpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
         start = time.perf_counter()
+        # vLLM warms up a chat template at start, which needs the tokenizer this engine skips (ids in, ids out): it
+        # logs "Chat template warmup failed" with a traceback, harmless; only its errors are shown
+        renderer_log = logging.getLogger("vllm.renderers.base")
+        renderer_level = renderer_log.level
+        renderer_log.setLevel(logging.ERROR)
         try:
             with _environment(env):
                 self.llm = vllm.LLM(**kwargs)
@@ -141,6 +146,8 @@ class VLLMEngine:
             raise ModelError(f"rollout.engine=vllm: vLLM could not start on {model_dir} ({type(err).__name__}: "
                              f"{last}). vLLM's CPU attention needs a head size of 32 or more (model=tiny: "
                              "model.tiny_hidden_size=128); see docs/vllm.md.") from err
+        finally:
+            renderer_log.setLevel(renderer_level)
         self.start_seconds = time.perf_counter() - start
         self._sleeping = False
         if self.sleep:
