@@ -67,12 +67,13 @@ def load_runs(root: Path) -> list[dict]:
 
 #: overrides that say how a run was executed, not what it computed: never "swept" (no column, plot or label)
 INERT_KEYS = ("trainer.num_threads", "trainer.progress", "trainer.log_every", "trainer.save_every",
-              "trainer.tensorboard", "trainer.report_to", "eval.before")
+              "trainer.tensorboard", "trainer.report_to", "trainer.resume", "eval.before")
 
 
 def swept_keys(runs: list[dict]) -> list[str]:
     """Override keys whose value is not the same in every run of the sweep (in first-seen order), except
-    :data:`INERT_KEYS` (thread count, progress bars, logging, checkpoints, the before-training evaluation)."""
+    :data:`INERT_KEYS` (thread count, progress bars, logging, checkpoints, resuming (bit for bit the same run), the
+    before-training evaluation)."""
     jobs = [r for r in runs if r.get("job", True)] or runs
     keys: dict[str, set] = {}
     for run in jobs:

@@ -89,6 +89,14 @@ def test_swept_keys_ignores_constant_overrides():
     assert table.splitlines()[2].startswith("| a | dpo |")
 
 
+def test_a_resumed_run_is_not_a_swept_setting():
+    """runs/cmp: one run of thirteen finished with trainer.resume=true (resuming is bit for bit: the same run).
+    Before the fix the report added a 'trainer.resume' column (True for that run, – for the rest) as if swept."""
+    runs = [{"dir": Path("a"), "summary": {}, "overrides": {"algo": "dpo"}},
+            {"dir": Path("b"), "summary": {}, "overrides": {"algo": "gspo", "trainer.resume": True}}]
+    assert swept_keys(runs) == ["algo"]
+
+
 def test_every_run_of_the_sweep_has_the_common_results_block(sweep):
     """summary.json's results block has the same keys for DPO and SimPO; both are evaluated on the held-out pairs'
     prompts of the file, so they have a KL to the reference (SimPO: the adapter-disabled model) and a reward."""
@@ -207,10 +215,12 @@ def test_recipe_composes_and_every_sweep_point_validates(name, tmp_path):
 
 
 def test_a_swept_value_on_the_command_line_replaces_the_recipe_list():
+    cfg = _compose(["+recipe=beta_sweep_small"])
+    # imported after Hydra's first compose, which (re)imports its core plugins: a class imported before it is not the
+    # one the module then holds, and BasicSweeper's super() call failed when this test ran first (-k selections)
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    cfg = _compose(["+recipe=beta_sweep_small"])
     assert str(cfg.hydra.sweeper.params["objective.beta"]) == "0.01,0.1,1.0"
     sweeper = BasicSweeper(max_batch_size=None, params=dict(cfg.hydra.sweeper.params))
     args = sweeper._parse_config() + ["objective.beta=0.5,2", "algo=simpo"]
