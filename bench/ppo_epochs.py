@@ -12,7 +12,8 @@ training loop's own timer, model loading and evaluation excluded) and the rollou
 run the steps, seconds per step, the mean reward of its first and last ``--window`` steps, the KL (k1, nats per
 sequence) of its last steps, and the mean reward of its last ``--window`` steps that ended within the time every
 run reached (the matched-time comparison); ``ppo_epochs.png`` plots the reward (running mean over ``--window``
-steps) against time. One seed: read differences smaller than the step-to-step noise (``reward_std`` / sqrt(batch))
+steps) against time; with ``--overrides eval.after=true`` (the runs' held-out evaluation, e.g. on arithmetic) the table
+adds each run's accuracy after training, the matched-time comparison with a standard error. One seed: read differences smaller than the step-to-step noise (``reward_std`` / sqrt(batch))
 as ties.
 """
 
@@ -74,28 +75,32 @@ def main() -> int:
         for r in rows:
             t += r["time/step"]
             times.append(t)
-        results[epochs] = (times, [r["reward"] for r in rows], [r.get("kl", float("nan")) for r in rows])
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+        after = summary.get("eval_after") or {}
+        accuracy = (f"{after['task_accuracy']:.3f} ± {after.get('task_accuracy_se', float('nan')):.3f}"
+                    if "task_accuracy" in after else "–")
+        results[epochs] = (times, [r["reward"] for r in rows], [r.get("kl", float("nan")) for r in rows], accuracy)
     if not results:
         return 1
-    horizon = min(times[-1] for times, _, _ in results.values())
+    horizon = min(times[-1] for times, *_ in results.values())
     w = args.window
     print(f"# PPO on {args.model}, reward={args.reward}, {args.batch_size} prompts x {args.max_new_tokens} new tokens "
           f"per step; matched time = {horizon:.0f} s (the shortest run)")
     print("| epochs | steps | s / step | reward, first steps | reward, last steps | KL k1, last steps | "
-          "reward at matched time |")
-    print("|---|---|---|---|---|---|---|")
-    for epochs, (times, rewards, kls) in sorted(results.items()):
+          "reward at matched time | held-out accuracy after |")
+    print("|---|---|---|---|---|---|---|---|")
+    for epochs, (times, rewards, kls, accuracy) in sorted(results.items()):
         late = [r for t, r in zip(times, rewards) if t <= horizon * (1 + 1e-9)][-w:]
         print(f"| {epochs} | {len(rewards)} | {times[-1] / len(rewards):.1f} | {statistics.fmean(rewards[:w]):.3f} | "
               f"{statistics.fmean(rewards[-w:]):.3f} | {statistics.fmean(kls[-w:]):.2f} | "
-              f"{statistics.fmean(late) if late else float('nan'):.3f} ({len(late)} steps) |")
+              f"{statistics.fmean(late) if late else float('nan'):.3f} ({len(late)} steps) | {accuracy} |")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for epochs, (times, rewards, _) in sorted(results.items()):
+    for epochs, (times, rewards, *_) in sorted(results.items()):
         ax.plot(times, running_mean(rewards, w), marker="o", ms=3, label=f"{epochs} epoch{'s' if epochs > 1 else ''}")
     ax.axvline(horizon, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("training time (s, time/step summed)")
