@@ -46,6 +46,21 @@ from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, Sequ
 
 log = logging.getLogger(__name__)
 
+
+class _DropChatTemplateWarmup(logging.Filter):
+    """vLLM warms up a chat template when an engine starts, which needs the tokenizer this engine skips (token ids in,
+    ids out): it logs "Chat template warmup failed" with a traceback, harmless. A filter, not a level: vLLM's logging
+    set-up (``dictConfig``) resets the levels of its loggers when it runs, not their filters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Chat template warmup failed")
+
+
+def _quiet_chat_template_warmup() -> None:
+    renderer_log = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _DropChatTemplateWarmup) for f in renderer_log.filters):
+        renderer_log.addFilter(_DropChatTemplateWarmup())
+
 __all__ = ["VLLMEngine", "lora_rank_for_vllm"]
 
 #: LoRA ranks vLLM accepts for ``max_lora_rank``
@@ -133,11 +148,7 @@ class VLLMEngine:
         if not self.on_cpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
         start = time.perf_counter()
-        # vLLM warms up a chat template at start, which needs the tokenizer this engine skips (ids in, ids out): it
-        # logs "Chat template warmup failed" with a traceback, harmless; only its errors are shown
-        renderer_log = logging.getLogger("vllm.renderers.base")
-        renderer_level = renderer_log.level
-        renderer_log.setLevel(logging.ERROR)
+        _quiet_chat_template_warmup()
         try:
             with _environment(env):
                 self.llm = vllm.LLM(**kwargs)
@@ -146,8 +157,6 @@ class VLLMEngine:
             raise ModelError(f"rollout.engine=vllm: vLLM could not start on {model_dir} ({type(err).__name__}: "
                              f"{last}). vLLM's CPU attention needs a head size of 32 or more (model=tiny: "
                              "model.tiny_hidden_size=128); see docs/vllm.md.") from err
-        finally:
-            renderer_log.setLevel(renderer_level)
         self.start_seconds = time.perf_counter() - start
         self._sleeping = False
         if self.sleep:

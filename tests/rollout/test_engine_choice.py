@@ -58,3 +58,25 @@ def test_hf_stays_the_default_engine():
 
     typed = to_typed(composed("model=tiny", "algo=grpo"))
     assert typed.rollout.engine == "hf" and typed.rollout.is_correction_cap is None
+
+
+def test_vllm_chat_template_warmup_warning_is_dropped_even_after_vllm_reconfigures_its_loggers(caplog):
+    """vLLM's engine start logs "Chat template warmup failed" plus a traceback (its warmup needs the tokenizer the
+    engine skips): seen in every rollout.engine=vllm run's log. First fix (a logger level around vllm.LLM()) did not
+    hold: vLLM's dictConfig resets the levels of the child loggers of "vllm" (the traceback was still printed). The
+    filter survives the same dictConfig; other warnings of that logger still pass."""
+    import logging.config
+
+    from prefzoo.rollout.vllm_engine import _quiet_chat_template_warmup
+
+    _quiet_chat_template_warmup()
+    _quiet_chat_template_warmup()  # idempotent
+    renderer = logging.getLogger("vllm.renderers.base")
+    assert len(renderer.filters) == 1
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                               "loggers": {"vllm": {"level": "DEBUG"}}})  # what vLLM's set-up does to its children
+    with caplog.at_level(logging.WARNING, logger="vllm.renderers.base"):
+        renderer.warning("Chat template warmup failed", exc_info=False)
+        renderer.warning("Using None for EOS token id because tokenizer is not initialized")
+    messages = [r.getMessage() for r in caplog.records if r.name == "vllm.renderers.base"]
+    assert messages == ["Using None for EOS token id because tokenizer is not initialized"]
