@@ -39,8 +39,20 @@ def algo_styles(runs: list[dict]) -> dict[str, dict]:
     """One colour, marker and size per algorithm of ``runs`` (sorted by name: the same in every plot of a report);
     the sizes shrink along the list, so a point drawn over another of the same value leaves a ring of it visible."""
     algos = sorted({str(r["summary"].get("algo")) for r in runs})
-    return {a: {"color": f"C{i}", "marker": "osD^v<>p"[i % 8], "ms": max(4.0, 10.0 - 1.5 * i)}
+    return {a: {"color": _colour(i), "marker": "osD^v<>p"[i % 8], "ms": max(4.0, 10.0 - 1.5 * i)}
             for i, a in enumerate(algos)}
+
+
+#: after the default cycle's 10 colours (C0-C9): the light variants of tab20, then black and greys
+EXTRA_COLOURS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5",
+                 "#000000", "#555555", "#aaaaaa")
+
+
+def _colour(i: int) -> str:
+    """The i-th series colour: C0-C9, then :data:`EXTRA_COLOURS` (the zoo has 13 algorithms), then the cycle again."""
+    if i < 10:
+        return f"C{i}"
+    return EXTRA_COLOURS[(i - 10) % len(EXTRA_COLOURS)] if i - 10 < len(EXTRA_COLOURS) else f"C{i % 10}"
 
 
 def _plt():

@@ -145,3 +145,17 @@ def test_a_report_written_elsewhere_names_each_run_by_its_folder(tmp_path):
     write_report(tmp_path / "sweep", out)
     _, rows = _table((out / "report.md").read_text())
     assert [r[0] for r in rows] == ["[dpo](../../sweep/dpo)", "[simpo](../../sweep/simpo)"], rows
+
+
+def test_every_algorithm_of_the_zoo_gets_its_own_colour():
+    """runs/cmp's report (13 algorithms): matplotlib's default cycle has 10 colours, so cispo and sft were both orange,
+    dpo and simpo both green, on the frontier. Now 13 algorithms get 13 distinct colours (and the first ten keep the
+    default cycle's, so smaller sweeps look as before)."""
+    import matplotlib.colors as mcolors
+
+    names = ["bon", "cispo", "dpo", "grpo", "gspo", "kto", "online_dpo", "orpo", "ppo", "reinforce_pp", "rloo", "sft",
+             "simpo"]
+    styles = plots_module.algo_styles([{"summary": {"algo": a}} for a in names])
+    rgb = {a: mcolors.to_hex(st["color"]) for a, st in styles.items()}
+    assert len(set(rgb.values())) == 13, rgb
+    assert [styles[a]["color"] for a in names[:10]] == [f"C{i}" for i in range(10)]
