@@ -52,7 +52,7 @@ def _colour(i: int) -> str:
     """The i-th series colour: C0-C9, then :data:`EXTRA_COLOURS` (the zoo has 13 algorithms), then the cycle again."""
     if i < 10:
         return f"C{i}"
-    return EXTRA_COLOURS[(i - 10) % len(EXTRA_COLOURS)] if i - 10 < len(EXTRA_COLOURS) else f"C{i % 10}"
+    return EXTRA_COLOURS[i - 10] if i - 10 < len(EXTRA_COLOURS) else f"C{i % 10}"
 
 
 def _plt():
