@@ -73,10 +73,17 @@ def test_vllm_chat_template_warmup_warning_is_dropped_even_after_vllm_reconfigur
     _quiet_chat_template_warmup()  # idempotent
     renderer = logging.getLogger("vllm.renderers.base")
     assert len(renderer.filters) == 1
-    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
-                               "loggers": {"vllm": {"level": "DEBUG"}}})  # what vLLM's set-up does to its children
-    with caplog.at_level(logging.WARNING, logger="vllm.renderers.base"):
-        renderer.warning("Chat template warmup failed", exc_info=False)
-        renderer.warning("Using None for EOS token id because tokenizer is not initialized")
+    parent = logging.getLogger("vllm")
+    saved = (parent.level, list(parent.handlers), parent.propagate)
+    try:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                                   "loggers": {"vllm": {"level": "DEBUG"}}})  # what vLLM's set-up does to its children
+        with caplog.at_level(logging.WARNING, logger="vllm.renderers.base"):
+            renderer.warning("Chat template warmup failed", exc_info=False)
+            renderer.warning("Using None for EOS token id because tokenizer is not initialized")
+    finally:  # leave logging as it was for the rest of the session
+        parent.setLevel(saved[0])
+        parent.handlers[:] = saved[1]
+        parent.propagate = saved[2]
     messages = [r.getMessage() for r in caplog.records if r.name == "vllm.renderers.base"]
     assert messages == ["Using None for EOS token id because tokenizer is not initialized"]
