@@ -118,10 +118,11 @@ def check_run_config(cfg, run_dir: Path, folder: Path, saved: dict | None) -> No
                     "checked against this run's", folder, "run_config.json")
         return
     diffs = differences(saved, run_config(cfg))
-    added = [key for key, a, b in diffs if a == ABSENT and b == schema_default(cfg, key)]
+    defaults = {key: schema_default(cfg, key) for key, a, _ in diffs if a == ABSENT}
+    added = [key for key, a, b in diffs if a == ABSENT and b == defaults[key]]
     if added:
         log.info("%s predates the settings %s: resuming with their defaults (%s)", folder.name, ", ".join(added),
-                 ", ".join(f"{k}={_json(schema_default(cfg, k))}" for k in added))
+                 ", ".join(f"{k}={defaults[k]}" for k in added))
         diffs = [d for d in diffs if d[0] not in added]
     if not diffs:
         return
