@@ -138,7 +138,9 @@ def fit(form: str, d, reward, baseline: float = 0.0) -> Fit:
     (a, b), *_ = np.linalg.lstsq(x, r, rcond=None)
     resid = r - x @ np.array([a, b])
     total = ((r - r.mean()) ** 2).sum()
-    r2 = float(1 - (resid ** 2).sum() / total) if len(r) > 1 and total > 0 else float("nan")
+    # R^2 is undefined for a reward that does not vary; float rounding leaves such a TSS at ~1e-33, not 0
+    varies = total > 1e-12 * max(float((r ** 2).sum()), 1e-12)
+    r2 = float(1 - (resid ** 2).sum() / total) if len(r) > 1 and varies else float("nan")
     a_se = b_se = cov_ab = float("nan")
     if len(r) > 2:
         cov = (resid ** 2).sum() / (len(r) - 2) * np.linalg.pinv(x.T @ x)
@@ -211,31 +213,44 @@ def fit_overoptimisation(points: dict) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------- the inverted U, and BoN vs RL
-#: a fall of gold past its peak counts when it exceeds this many standard errors
+#: a rise of gold to its peak, or a fall past it, counts when it exceeds this many standard errors
 FALL_Z = 2.0
 
 
 def peak_verdict(points: list[tuple]) -> dict | None:
-    """Does gold fall past its peak while the proxy keeps rising? From one series' measured points (no model).
+    """Does gold rise to a peak at an intermediate KL and fall past it while the proxy keeps rising (Gao et al.'s
+    inverted U)? From one series' measured points (no model).
 
-    The peak: the point of highest gold. The end: the point of largest d. ``fall`` = gold at the peak - gold at the
-    end, with ``fall_se`` = sqrt(se_peak^2 + se_end^2) (the evaluations' standard errors, independent samples; nan
-    where a point has none); ``proxy_rise`` = proxy at the end - proxy at the peak. ``inverted_u``: the peak lies
-    before the end, the fall exceeds :data:`FALL_Z` standard errors (or is > 0 without standard errors) and the
-    proxy rose past the peak. None with fewer than 2 points.
+    The start: the point of smallest d (the reference for RL, n = 1 for best-of-n). The peak: the point of highest
+    gold. The end: the point of largest d. ``rise`` = gold at the peak - gold at the start, ``fall`` = gold at the
+    peak - gold at the end, each with its standard error sqrt(se_1^2 + se_2^2) (the evaluations' standard errors,
+    independent samples; nan where a point has none); ``proxy_rise`` = proxy at the end - proxy at the peak. A rise
+    or fall counts when it exceeds :data:`FALL_Z` standard errors (or is > 0 without standard errors). ``shape``:
+    "inverted U" (both count), "falls" (only the fall: gold best at or near the start), "rises" (only the rise:
+    still rising, or level past the peak), "flat" (neither). ``inverted_u``: shape "inverted U" and the proxy rose
+    past the peak. None with fewer than 2 points.
     """
     if len(points) < 2:
         return None
+    start = min(points, key=lambda p: (p[0], p[3] or 0))
     peak = max(points, key=lambda p: p[1])
     end = max(points, key=lambda p: (p[0], p[3] or 0))
-    fall = peak[1] - end[1]
-    fall_se = math.sqrt(peak[5] ** 2 + end[5] ** 2) if peak[5] is not None and end[5] is not None else float("nan")
-    rise = end[2] - peak[2] if end[2] is not None and peak[2] is not None else None
-    significant = fall > FALL_Z * fall_se if math.isfinite(fall_se) and fall_se > 0 else fall > 0
+
+    def change(high, low):
+        delta = high[1] - low[1]
+        se = math.sqrt(high[5] ** 2 + low[5] ** 2) if high[5] is not None and low[5] is not None else float("nan")
+        counts = delta > FALL_Z * se if math.isfinite(se) and se > 0 else delta > 0
+        return delta, se, bool(counts)
+
+    rise, rise_se, rose = change(peak, start)
+    fall, fall_se, fell = change(peak, end)
+    shape = {(True, True): "inverted U", (False, True): "falls", (True, False): "rises"}.get((rose, fell), "flat")
+    proxy_rise = end[2] - peak[2] if end[2] is not None and peak[2] is not None else None
     return {"d_peak": peak[0], "gold_peak": peak[1], "gold_peak_se": peak[5], "step_peak": peak[3], "n_peak": peak[4],
+            "d_start": start[0], "gold_start": start[1], "rise": rise, "rise_se": rise_se,
             "d_end": end[0], "gold_end": end[1], "fall": fall, "fall_se": fall_se, "proxy_peak": peak[2],
-            "proxy_end": end[2], "proxy_rise": rise,
-            "inverted_u": bool(end is not peak and significant and rise is not None and rise > 0)}
+            "proxy_end": end[2], "proxy_rise": proxy_rise, "shape": shape,
+            "inverted_u": bool(shape == "inverted U" and proxy_rise is not None and proxy_rise > 0)}
 
 
 def _curve(points: list[tuple], col: int = 1) -> tuple[np.ndarray, np.ndarray]:

@@ -156,17 +156,20 @@ def overoptimisation_section(points: dict, fits: list[dict], bon_vs_rl: list[dic
     verdicts = [(k, v) for k, v in verdicts if v is not None]
     if verdicts:
         lines += ["\n### Does gold fall past its peak while the proxy rises?\n",
-                  "Measured points, no model: the peak is the point of highest gold, the end the point of largest d; "
-                  f"fall = gold at the peak − gold at the end (± its s.e. from the two evaluations); an inverted U when "
-                  f"the fall exceeds {FALL_Z:g} s.e. and the proxy rose past the peak.\n",
-                  "| series | gold peak at d (KL nats) | gold at the peak | gold at the end (d) | fall | proxy peak → end "
-                  "| inverted U |", "|" + "---|" * 7]
+                  "Measured points, no model: the start is the point of smallest d, the peak the point of highest "
+                  "gold, the end the point of largest d; rise = gold at the peak − gold at the start, fall = gold at "
+                  "the peak − gold at the end (each ± its s.e. from the two evaluations), each counted when it "
+                  f"exceeds {FALL_Z:g} s.e.; an inverted U when both count and the proxy rose past the peak (falls: "
+                  "gold best at the start; rises: still rising; flat: neither).\n",
+                  "| series | gold at the start | gold peak at d (KL nats) | gold at the peak | rise | gold at the end (d) "
+                  "| fall | proxy peak → end | inverted U |", "|" + "---|" * 9]
         for name, v in verdicts:
             where = f"n={v['n_peak']}" if v["n_peak"] is not None else f"step {v['step_peak']}"
             rise = (f"{fmt(v['proxy_peak'])} → {fmt(v['proxy_end'])}" if v["proxy_rise"] is not None else "–")
-            lines.append(f"| {name} | {v['d_peak']:.3f} ({v['d_peak'] ** 2:.3g}; {where}) | "
-                         f"{fmt(v['gold_peak'], v['gold_peak_se'])} | {v['gold_end']:.3f} ({v['d_end']:.3f}) | "
-                         f"{fmt(v['fall'], v['fall_se'])} | {rise} | {'yes' if v['inverted_u'] else 'no'} |")
+            verdict = "yes" if v["inverted_u"] else f"no ({v['shape']})"
+            lines.append(f"| {name} | {v['gold_start']:.3f} | {v['d_peak']:.3f} ({v['d_peak'] ** 2:.3g}; {where}) | "
+                         f"{fmt(v['gold_peak'], v['gold_peak_se'])} | {fmt(v['rise'], v['rise_se'])} | "
+                         f"{v['gold_end']:.3f} ({v['d_end']:.3f}) | {fmt(v['fall'], v['fall_se'])} | {rise} | {verdict} |")
     if bon_vs_rl:
         lines += ["\n### Best-of-n against RL at the same KL\n",
                   "Best-of-n minus RL at equal d: each series' reward linearly interpolated in d over the range both "

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from prefzoo.report.overoptimisation import fit, observed_peak, predict
+from prefzoo.report.overoptimisation import fit, observed_peak, peak_verdict, predict
 
 
 def test_forms_by_hand():
@@ -89,3 +89,48 @@ def test_standard_errors_need_three_points():
     assert math.isnan(f.a_se) and math.isnan(f.b_se) and f.n == 2
     exact = fit("bon", np.linspace(0.5, 2, 5), predict("bon", np.linspace(0.5, 2, 5), 0.8, 0.3))
     assert exact.a_se == pytest.approx(0.0, abs=1e-9) and exact.b_se == pytest.approx(0.0, abs=1e-9)
+
+
+def test_r2_is_undefined_when_the_reward_does_not_vary():
+    """R² = 1 - RSS/TSS has no meaning when every reward equals the baseline (TSS = 0). Float rounding makes TSS a
+    ~1e-33 instead of 0 here (0.1 + 0.2 = 0.30000000000000004, minus the baseline 0.3): the fit must still give nan,
+    not 1 - RSS/1e-33 (it printed R² = -1.2e31 for the real length design's flat best-of-n gold, 0.021 at n = 1, 2, 4)."""
+    f = fit("bon", [0.0, 0.439, 0.798], [0.1 + 0.2, 0.3, 0.3], baseline=0.3)
+    assert math.isnan(f.r2)
+    assert fit("bon", [0.0, 0.439, 0.798], [0.3, 0.4, 0.45], baseline=0.3).r2 <= 1.0  # a varying reward: defined
+
+
+def _point(d, gold, proxy, step, se):
+    """One RL point as overoptimisation_points builds it: (d, gold, proxy, step, n, gold_se, proxy_se)."""
+    return (d, gold, proxy, step, None, se, None)
+
+
+def test_a_gold_that_falls_from_the_start_is_no_inverted_u():
+    """Gao et al.'s inverted U rises to a peak at an intermediate KL and then falls. The real length design's GRPO run
+    (gold = verifier accuracy of samples) peaked at the reference itself: 0.042 +- 0.021 at d = 0, then 0.021,
+    0.031, 0.031, 0.010, 0, 0 while the proxy rose 1.49 -> 4.12. Its fall, 0.042 +- 0.021 = 2.0 s.e., is real, but
+    there is no rise before it: shape "falls", not an inverted U (the table said "yes"). Gold at the start: 1/24 (one
+    right answer in 24 prompts' samples), s.e. 0.0205 as the run recorded it (0.021 rounded): the fall is 2.03 s.e."""
+    pts = [_point(0.0, 1 / 24, 1.49, 0, 0.0205), _point(0.221, 0.021, 2.12, 2, 0.015), _point(0.751, 0.031, 3.13, 4, 0.018),
+           _point(1.183, 0.031, 3.71, 6, 0.018), _point(1.407, 0.010, 4.11, 8, 0.010), _point(1.537, 0.0, 4.00, 10, 0.0),
+           _point(1.668, 0.0, 4.12, 12, 0.0)]
+    v = peak_verdict(pts)
+    assert v["d_peak"] == 0.0 and v["rise"] == 0.0 and v["fall"] == pytest.approx(1 / 24)
+    assert v["shape"] == "falls" and v["inverted_u"] is False
+
+
+def test_an_inverted_u_needs_a_real_rise_and_a_real_fall():
+    """Rise = gold at the peak - gold at the start (smallest d), fall = gold at the peak - gold at the end (largest
+    d), each against FALL_Z = 2 combined standard errors sqrt(se_1^2 + se_2^2):
+    0.30 -> 0.50 -> 0.30 (se 0.01 each): rise 0.20 and fall 0.20, each 14 s.e.: an inverted U.
+    0.30 -> 0.32 -> 0.10 (se 0.05, 0.05, 0.01): rise 0.02 = 0.28 s.e., noise: "falls", no inverted U.
+    0.30 -> 0.40 -> 0.45 (se 0.01): the peak is the end: "rises". 0.30 -> 0.31 -> 0.30 (se 0.05): "flat"."""
+    def verdict(golds, ses):
+        return peak_verdict([_point(d, g, 1.0 + d, 5 * i, s) for i, (d, g, s) in enumerate(zip((0.0, 1.0, 2.0), golds, ses))])
+    v = verdict((0.30, 0.50, 0.30), (0.01, 0.01, 0.01))
+    assert v["shape"] == "inverted U" and v["inverted_u"] is True
+    assert v["rise"] == pytest.approx(0.20) and v["rise_se"] == pytest.approx(math.sqrt(2) * 0.01)
+    v = verdict((0.30, 0.32, 0.10), (0.05, 0.05, 0.01))
+    assert v["shape"] == "falls" and v["inverted_u"] is False
+    assert verdict((0.30, 0.40, 0.45), (0.01, 0.01, 0.01))["shape"] == "rises"
+    assert verdict((0.30, 0.31, 0.30), (0.05, 0.05, 0.05))["shape"] == "flat"
