@@ -152,10 +152,12 @@ class Run:
 
     @property
     def reference_free(self) -> bool:
-        """The plugin declared no reference (summary.json's ``reference``; older folders: :data:`REFERENCE_FREE`)."""
-        if "reference" in self.summary:
-            return not self.summary["reference"]
-        return self.algo in REFERENCE_FREE
+        """The loss has no KL term to a reference whatever beta is: the plugin declared no reference (summary.json's
+        ``reference``; older folders: :data:`REFERENCE_FREE`), except an online run at beta 0: GRPO and the other
+        sampled plugins build no reference when nothing penalises the KL, but their beta is the KL coefficient, so
+        the advice there is to raise it."""
+        declared = not self.summary["reference"] if "reference" in self.summary else self.algo in REFERENCE_FREE
+        return declared and not (self.online and self.beta == 0)
 
     @property
     def adapts_beta(self) -> bool:

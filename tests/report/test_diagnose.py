@@ -260,6 +260,19 @@ def test_the_declaration_recorded_in_the_summary_decides_not_the_algorithm_name(
     assert "objective.kl_budget=6" in kl["drifting"].change and "kl_controller" not in kl["drifting"].change
 
 
+def test_an_online_run_at_beta_0_is_told_to_turn_the_penalty_on(tmp_path):
+    """GRPO at beta 0 declares no reference (none is built when nothing penalises the KL), but its beta IS the KL
+    coefficient: the advice is objective.beta=0.04, not the reference-free family's "lower the lr". The fluency run
+    of issue 16 (KL 7.97 > 6 at step 15) was told "algo=grpo's loss has no KL term (its objective.beta weighs another
+    one)" before. KL 8 on the held-out evaluation at step 15 > the default budget 6: drifting."""
+    steps = [{"kl": 0.5 * s, "reward": 0.1 * s, "grad_norm": 1.0, "loss": 0.0, "completion_length": 32.0}
+             for s in range(1, 16)]
+    evals = [{"step": 0, "kl_k1": 0.0}, {"step": 15, "kl_k1": 8.0}]
+    found = verdicts(write_run(tmp_path / "run", steps, evals, algo="grpo", beta=0.0, online=True,
+                               declaration={"reference": False, "capabilities": []}))
+    assert found["drifting"].change.startswith("objective.beta=0.04 (now 0: no KL penalty")
+
+
 def test_a_healthy_run(tmp_path):
     """KL 2 (< 6, >= 0.1), entropy 2.0 -> 1.6 (-20%), distinct-2 0.9 -> 0.85 (-6%), length 30 -> 33 (x1.1): healthy,
     with those numbers."""
