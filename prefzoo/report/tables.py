@@ -165,11 +165,11 @@ def overoptimisation_section(points: dict, fits: list[dict], bon_vs_rl: list[dic
                   "| fall | proxy peak → end | inverted U |", "|" + "---|" * 9]
         for name, v in verdicts:
             where = f"n={v['n_peak']}" if v["n_peak"] is not None else f"step {v['step_peak']}"
-            rise = (f"{fmt(v['proxy_peak'])} → {fmt(v['proxy_end'])}" if v["proxy_rise"] is not None else "–")
+            proxy = (f"{fmt(v['proxy_peak'])} → {fmt(v['proxy_end'])}" if v["proxy_rise"] is not None else "–")
             verdict = "yes" if v["inverted_u"] else f"no ({v['shape']})"
             lines.append(f"| {name} | {v['gold_start']:.3f} | {v['d_peak']:.3f} ({v['d_peak'] ** 2:.3g}; {where}) | "
                          f"{fmt(v['gold_peak'], v['gold_peak_se'])} | {fmt(v['rise'], v['rise_se'])} | "
-                         f"{v['gold_end']:.3f} ({v['d_end']:.3f}) | {fmt(v['fall'], v['fall_se'])} | {rise} | {verdict} |")
+                         f"{v['gold_end']:.3f} ({v['d_end']:.3f}) | {fmt(v['fall'], v['fall_se'])} | {proxy} | {verdict} |")
     if bon_vs_rl:
         lines += ["\n### Best-of-n against RL at the same KL\n",
                   "Best-of-n minus RL at equal d: each series' reward linearly interpolated in d over the range both "
