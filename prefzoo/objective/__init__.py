@@ -16,7 +16,8 @@ Map (one idea per module):
     divergences.py  f-divergences (reverse KL, forward KL, JS, alpha) for f-DPO (Wang et al.
                     2024): links f', implicit rewards, exact D_f, the regularised optimum
     controllers.py  beta controllers: fixed, adaptive (Ziegler et al. 2019)
-    optimum.py      closed-form optimum pi* = pi_ref exp(r/beta) / Z and J* = beta log Z
+    optimum.py      closed-form optimum pi* = pi_ref exp(r/beta) / Z and J* = beta log Z; the beta of a KL budget
+                    (beta as its Lagrange multiplier)
     advantages.py   group-relative advantages (GRPO / Dr. GRPO), leave-one-out (RLOO), GAE (PPO), the sequence
                     reward on the last token
     surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance
@@ -74,7 +75,7 @@ from .logprobs import (
     token_logps,
 )
 from .linear_logps import linear_token_logps
-from .optimum import log_partition, optimal_policy, optimal_value, regularised_objective
+from .optimum import beta_for_kl_budget, log_partition, optimal_policy, optimal_value, regularised_objective
 from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
 from .odds import log_odds, log_odds_ratio
 from .prospect import kto_loss
@@ -124,6 +125,7 @@ __all__ = [
     "log_partition",
     "optimal_value",
     "regularised_objective",
+    "beta_for_kl_budget",
     # advantages
     "ADVANTAGE_SCALES",
     "group_advantages",

@@ -12,6 +12,10 @@ and the optimal value is J(pi*) = beta log Z (substitute log(pi*/pi_ref) = r/bet
 This is the target every algorithm of the zoo approaches; the tabular conformance tests compare
 trained policies with it. Everything is computed in log space (logsumexp), so large r/beta is
 safe. Leading axes are independent prompts; the last axis holds the N responses.
+
+The same pi* solves the constrained problem max_pi E_pi[r] subject to KL(pi || pi_ref) <= eps, with beta the
+Lagrange multiplier of the budget (:func:`beta_for_kl_budget` finds it): the penalised objective is the
+Lagrangian, and beta is what one more nat of KL buys in reward.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from .errors import ObjectiveError, check_number, check_same_shape
 
-__all__ = ["optimal_policy", "log_partition", "optimal_value", "regularised_objective"]
+__all__ = ["optimal_policy", "log_partition", "optimal_value", "regularised_objective", "beta_for_kl_budget"]
 
 
 def _check_inputs(ref_probs: torch.Tensor, rewards: torch.Tensor) -> None:
@@ -124,3 +128,63 @@ def regularised_objective(probs: torch.Tensor, ref_probs: torch.Tensor, rewards:
     log_ratio = torch.log(probs) - torch.log(ref_probs)
     kl_terms = torch.where(probs > 0, probs * log_ratio, torch.zeros_like(probs))
     return (probs * rewards).sum(-1) - beta * kl_terms.sum(-1)
+
+
+def _kl_of_tilt(log_ref: torch.Tensor, rewards: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """KL(pi_t || pi_ref) for pi_t proportional to pi_ref exp(t r), t = 1/beta >= 0 of shape (...)."""
+    logits = log_ref + t.unsqueeze(-1) * rewards
+    log_z = torch.logsumexp(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    return t * (probs * torch.where(probs > 0, rewards, torch.zeros_like(rewards))).sum(-1) - log_z
+
+
+def beta_for_kl_budget(ref_probs: torch.Tensor, rewards: torch.Tensor, kl_budget: float) -> torch.Tensor:
+    """The beta whose optimum pi*_beta spends exactly ``kl_budget`` nats: the Lagrange multiplier of the budget.
+
+    The constrained problem max_pi E_pi[r] subject to KL(pi || pi_ref) <= eps has the Lagrangian
+    E_pi[r] - beta (KL - eps), maximised over pi by the Gibbs policy pi*_beta of :func:`optimal_policy`. By the KKT
+    conditions the solution is pi*_beta with KL(pi*_beta || pi_ref) = eps when the budget binds, and the reward's
+    maximiser (beta = 0) when it does not, i.e. when eps >= -log pi_ref(argmax r), the KL of putting all mass on the
+    best responses. beta is also the price of the budget: dV/deps = beta for V(eps) the best reward inside it
+    (the envelope theorem). KL(pi*_beta) falls monotonically as beta grows, so beta is found by bisection on
+    t = 1/beta: doubling until the KL passes eps, then 100 halvings (relative precision far below float64's).
+
+    Shape: ref_probs (..., N), rewards (..., N) -> (...); N = responses per prompt.
+    Units: reward units per nat (beta's); kl_budget in nats.
+
+    Raises:
+        ObjectiveError: shape mismatch; ref_probs not a probability vector; kl_budget not a finite number > 0
+            (a budget of 0 means pi = pi_ref, beta = infinity).
+
+    Source: note 000 sec. 4.3 and exercise (e) (the KL penalty as the Lagrangian of a KL-constrained problem);
+    Boyd & Vandenberghe 2004, sec. 5.5.3 (KKT) and 5.6 (the multiplier as the sensitivity of the optimal value).
+    """
+    _check_inputs(ref_probs, rewards)
+    eps = check_number("kl_budget", kl_budget, low=0.0, strict_low=True,
+                       hint="a budget of 0 nats keeps pi = pi_ref (beta = infinity)")
+    ref = ref_probs.to(torch.float64)
+    r = rewards.to(torch.float64)
+    support = ref > 0
+    log_ref = torch.log(ref)
+    r = torch.where(support, r, torch.zeros_like(r))
+    top = torch.where(support, r, torch.full_like(r, -torch.inf)).max(-1, keepdim=True).values
+    best_mass = torch.where(support & (r == top), ref, torch.zeros_like(ref)).sum(-1)
+    slack = eps >= -torch.log(best_mass)  # the budget does not bind: beta = 0
+    r = r - top  # a shift leaves pi_t unchanged; keeps t * r <= 0
+    spread = (-torch.where(support, r, torch.zeros_like(r))).max(-1).values
+    hi = 1.0 / torch.where(spread > 0, spread, torch.ones_like(spread))
+    lo = torch.zeros_like(hi)
+    for _ in range(1000):
+        short = (_kl_of_tilt(log_ref, r, hi) < eps) & ~slack
+        if not bool(short.any()):
+            break
+        lo = torch.where(short, hi, lo)
+        hi = torch.where(short, 2 * hi, hi)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        below = _kl_of_tilt(log_ref, r, mid) < eps
+        lo = torch.where(below, mid, lo)
+        hi = torch.where(below, hi, mid)
+    t = (lo + hi) / 2
+    beta = torch.where(slack, torch.zeros_like(t), 1.0 / t)
+    return beta.to(rewards.dtype)

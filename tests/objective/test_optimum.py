@@ -7,6 +7,7 @@ import torch
 
 from prefzoo.objective import (
     ObjectiveError,
+    beta_for_kl_budget,
     log_partition,
     optimal_policy,
     optimal_value,
@@ -105,3 +106,82 @@ def test_errors():
         optimal_policy(ref, r[:4], 1.0)
     with pytest.raises(ObjectiveError, match="sum to 1"):
         log_partition(2 * ref, r, 1.0)
+
+
+# --- the Lagrangian view (note 000 sec. 4.3, exercise e): beta is the multiplier of a KL budget ---------------------
+
+def test_lagrangian_hand_example():
+    """max_pi E_pi[r] subject to KL(pi || pi_ref) <= eps, solved by hand on two responses.
+
+    pi_ref = (1/2, 1/2), r = (0, 1), pi = (1 - p, p). E[r] = p grows with p, and
+    KL(p) = (1 - p) ln(2(1 - p)) + p ln(2p) grows with p on p > 1/2, so the constrained maximiser is the p with
+    KL(p) = eps. Take eps = KL(3/4) = 1/4 ln(1/2) + 3/4 ln(3/2) = 0.1308120359. The Gibbs policy
+    pi* = pi_ref exp(r/beta)/Z has p/(1 - p) = exp(1/beta), so p = 3/4 needs exp(1/beta) = 3:
+    beta = 1/ln 3 = 0.9102392266. The multiplier is also the price of the budget: V(eps) = p(eps), and
+    dV/deps = (dKL/dp)^-1 = 1/ln(p/(1 - p)) = 1/ln 3 at p = 3/4, the same number."""
+    ref = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    r = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    eps = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
+    assert abs(eps - 0.1308120359) < 1e-10
+    beta = float(beta_for_kl_budget(ref, r, eps))
+    assert abs(beta - 0.9102392266) < 1e-9
+    torch.testing.assert_close(optimal_policy(ref, r, beta), torch.tensor([0.25, 0.75], dtype=torch.float64))
+
+
+def _kl(p, q):
+    return float((p * (p / q).log()).sum())
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_budgeted_optimum_beats_every_feasible_policy(seed):
+    """The constrained problem max E r s.t. KL <= eps, checked without the Lagrangian: 20,000 random policies on the
+    simplex (Dirichlet, and mixtures of them with pi_ref so that many lie inside a small budget). None of those with
+    KL <= eps has more expected reward than pi*_beta at beta = beta_for_kl_budget(eps), and pi*_beta spends exactly
+    eps (the constraint is active)."""
+    ref, r = _problem(seed)
+    eps = 0.3
+    beta = float(beta_for_kl_budget(ref, r, eps))
+    star = optimal_policy(ref, r, beta)
+    assert abs(_kl(star, ref) - eps) < 1e-9
+    g = torch.Generator().manual_seed(seed + 10)
+    gamma = torch._standard_gamma(torch.full((20000, 5), 0.5, dtype=torch.float64), generator=g)
+    dirichlet = gamma / gamma.sum(-1, keepdim=True)
+    weight = torch.rand(20000, 1, generator=g, dtype=torch.float64)
+    points = weight * dirichlet + (1 - weight) * ref
+    kls = (points * (points / ref).log()).sum(-1)
+    feasible = points[kls <= eps]
+    assert len(feasible) > 1000  # the check has teeth: many policies inside the budget
+    best_random = float((feasible * r).sum(-1).max())
+    assert best_random < float((star * r).sum())
+
+
+def test_beta_is_the_price_of_a_nat():
+    """The envelope theorem: with V(eps) = E_{pi*_beta(eps)}[r] the best reward inside a budget eps, dV/deps = beta(eps).
+    Central finite differences (h = 1e-4) on a random 5-response problem, at three budgets."""
+    ref, r = _problem(5)
+    for eps in (0.05, 0.3, 0.8):
+        def value(e):
+            return float((optimal_policy(ref, r, float(beta_for_kl_budget(ref, r, e))) * r).sum())
+        h = 1e-4
+        slope = (value(eps + h) - value(eps - h)) / (2 * h)
+        beta = float(beta_for_kl_budget(ref, r, eps))
+        assert abs(slope - beta) < 1e-5 * max(1.0, beta)
+
+
+def test_a_budget_that_does_not_bind_has_multiplier_zero():
+    """The most KL any policy can spend while maximising r is -ln pi_ref(argmax r) (all mass on the best response).
+    With pi_ref = (1/2, 1/4, 1/4) and r = (0, 0, 1) that is ln 4 = 1.386: a budget of 2 nats does not bind, so its
+    multiplier is 0 (beta = 0: maximise the reward). Batched rows are independent."""
+    ref = torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25]], dtype=torch.float64)
+    r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    assert beta_for_kl_budget(ref, r, 2.0).tolist() == [0.0, 0.0]
+    b = beta_for_kl_budget(ref, r, 0.1)
+    assert b[0] > 0 and abs(float(b[0]) - float(b[1])) < 1e-12  # the same problem, arms relabelled
+
+
+def test_lagrangian_errors():
+    ref = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    r = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ObjectiveError, match="kl_budget"):
+            beta_for_kl_budget(ref, r, bad)
