@@ -62,7 +62,7 @@ class ModelConfig:
     quantization: str = "none"  # none | 4bit (nf4 via bitsandbytes; QLoRA)
     lora: LoraConfig = field(default_factory=LoraConfig)
     adapter_path: Optional[str] = None  # start from an already trained peft adapter
-    reference: str = "auto"  # auto | adapter_disabled | copy
+    reference: str = "auto"  # auto | adapter_disabled | copy | base (the weights under model.adapter_path)
     gradient_checkpointing: bool = False
     disable_dropout: bool = True  # every dropout off (as TRL's default): dropout biases ratios and KL estimates
     tiny_hidden_size: int = 64
@@ -333,7 +333,7 @@ def validate(cfg: Config) -> Config:
         _choice("model.compute_dtype", m.compute_dtype, ("float32", "bfloat16", "float16"))
     _positive("model.fast.head_chunk_size", m.fast.head_chunk_size)
     _choice("model.quantization", m.quantization, ("none", "4bit"))
-    _choice("model.reference", m.reference, ("auto", "adapter_disabled", "copy"))
+    _choice("model.reference", m.reference, ("auto", "adapter_disabled", "copy", "base"))
     if m.quantization == "4bit" and not m.lora.enabled:
         raise ConfigError("model.quantization=4bit needs LoRA (QLoRA): 4-bit weights cannot be trained directly. "
                           "Set model.lora.enabled=true or model.quantization=none.")

@@ -63,7 +63,7 @@ def test_null_objective_fields_take_the_algorithms_defaults(algo, beta, estimato
     (["objective.beta=-1"], ["objective.beta=-1.0", ">= 0"]),
     (["objective.divergence=foo"], ["objective.divergence='foo'", "reverse_kl, forward_kl, js, alpha"]),
     (["data.on_bad_row=maybe"], ["data.on_bad_row='maybe'", "error, skip"]),
-    (["model.reference=maybe"], ["auto, adapter_disabled, copy"]),
+    (["model.reference=maybe"], ["auto, adapter_disabled, copy, base"]),
     (["model.quantization=8bit"], ["none, 4bit"]),
     (["model.dtype=float64"], ["float32, bfloat16, float16"]),
     (["model.quantization=4bit", "model.lora.enabled=false"], ["needs LoRA"]),

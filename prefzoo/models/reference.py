@@ -6,6 +6,12 @@ only while that really is the starting policy. If any weight outside the adapter
 switching the adapter off no longer gives the initial policy, so a frozen copy is taken instead
 (``model.reference=auto``), or the run is refused (``model.reference=adapter_disabled``).
 Without LoRA, pi_ref is a frozen copy in eval mode. When the algorithm needs none, there is none.
+
+``model.reference=base`` anchors to the base weights even when the policy starts from a trained adapter
+(``model.adapter_path``): pi_ref is then the model *before* that adapter, e.g. the pre-SFT model under an SFT
+adapter. This is what note 000 sec. 6a warns against (anchoring to the pretrained model instead of the SFT one),
+and what TRL does by default for a peft model loaded with a trained adapter and no reference given. It is there to
+measure that choice, and the KL then starts above 0.
 """
 
 from __future__ import annotations
@@ -41,11 +47,21 @@ def make_reference(model: nn.Module, *, lora_enabled: bool, adapter_loaded: bool
         model: the trainable policy (a ``PeftModel`` under LoRA).
         lora_enabled: whether the policy trains through a LoRA adapter.
         adapter_loaded: whether the adapter was loaded already trained (``model.adapter_path``).
-        mode: ``auto`` | ``adapter_disabled`` | ``copy``.
+        mode: ``auto`` | ``adapter_disabled`` | ``copy`` | ``base`` (the base weights without the adapter, which
+            with a loaded adapter is not the starting policy).
 
     Raises:
-        ConfigError: ``adapter_disabled`` asked for where it would not give the initial policy.
+        ConfigError: ``adapter_disabled`` asked for where it would not give the initial policy; ``base`` where
+            switching the adapter off does not give the base weights (LoRA off, weights outside the adapter train).
     """
+    if mode == "base":
+        outside = trainable_outside_adapter(model) if lora_enabled else []
+        if not lora_enabled or outside:
+            why = "LoRA is off (full fine-tuning)" if not lora_enabled else \
+                f"weights outside the adapter train ({', '.join(outside[:3])}...)"
+            raise ConfigError(f"model.reference=base needs the base weights untouched under a LoRA adapter, but {why}. "
+                              "Use model.reference=copy (or auto).")
+        return Reference(model, "adapter_disabled")
     reasons = []
     if not lora_enabled:
         reasons.append("LoRA is off (full fine-tuning)")

@@ -157,3 +157,28 @@ def test_trainable_base_weights_force_a_copy_because_disabling_the_adapter_would
     with model.disable_adapter():
         drifted = [plain_logps(model, p, c) for p, c in zip(PROMPTS, COMPLETIONS)]
     assert (drifted[0] - expected[0]).abs().max() > 1e-3
+
+
+def test_base_reference_anchors_a_loaded_adapter_to_the_weights_before_it(tmp_path):
+    """model.reference=base (note 000 sec. 6a's "anchor to the pretrained model"; TRL's default for a peft model
+    loaded with a trained adapter): pi_ref is the base network without the adapter, not the loaded policy. Its
+    log-probs are those of an independently built base model, they differ from the loaded policy's (so the
+    KL starts above 0), and they stay put when the policy trains."""
+    path, trained = trained_adapter(tmp_path)
+    base_only = start_logps(lambda: tiny_model(initializer_range=SPREAD))
+    loaded = [plain_logps(trained, p, c) for p, c in zip(PROMPTS, COMPLETIONS)]
+    assert (loaded[0] - base_only[0]).abs().max() > 1e-2  # the anchor is not the starting policy
+    model = wrap_trainable(tiny_model(initializer_range=SPREAD), lora_settings(), quantized=False,
+                           adapter_path=str(path), gradient_checkpointing=False)
+    ref = make_reference(model, lora_enabled=True, adapter_loaded=True, mode="base")
+    assert ref.kind == "adapter_disabled" and ref.module is model
+    check_reference_is_frozen_start(CausalLMPolicy(model, tokenizer(), ref), base_only)
+
+
+def test_base_reference_refuses_what_the_adapter_cannot_switch_off():
+    with pytest.raises(ConfigError, match="model.reference=base.*LoRA is off"):
+        make_reference(wrap_trainable(tiny_model(initializer_range=SPREAD), lora_settings(enabled=False),
+                                      quantized=False, adapter_path=None, gradient_checkpointing=False),
+                       lora_enabled=False, adapter_loaded=False, mode="base")
+    with pytest.raises(ConfigError, match="model.reference=base.*lm_head"):
+        make_reference(lora_model(modules_to_save=["lm_head"]), lora_enabled=True, adapter_loaded=False, mode="base")
