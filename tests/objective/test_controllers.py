@@ -3,12 +3,14 @@
 import json
 
 import pytest
+import torch
 
 from prefzoo.objective import (
     AdaptiveKLController,
     FixedKLController,
     ObjectiveError,
     make_kl_controller,
+    optimal_policy,
 )
 
 
@@ -94,3 +96,34 @@ def test_make_kl_controller_and_errors():
         c.update(float("nan"), 1)
     with pytest.raises(ObjectiveError, match="keys"):
         c.load_state_dict({"beta": 0.1})
+
+
+def test_one_adaptive_beta_does_not_balance_easy_and_hard_prompts():
+    """Note 000 sec. 4.2 says adaptive beta "balances" easy prompts (small reward differences, little KL) against
+    hard ones (large, more KL). It cannot: the controller adapts ONE beta from the batch-mean KL, and at any single
+    beta the hard prompt spends more KL than the easy one.
+
+    By hand, two responses, pi_ref = (1/2, 1/2), rewards (0, s): pi*(best) = p = sigmoid(s/beta) and
+    KL = ln 2 + p ln p + (1 - p) ln(1 - p), which grows with s/beta. Easy s = 0.5, hard s = 2. At beta = 1:
+    p_easy = sigmoid(0.5) = 0.6224593312, KL_easy = 0.0302999; p_hard = sigmoid(2) = 0.8807970780,
+    KL_hard = 0.3278133. The controller, run on the optimum of each beta (the policy at its fixed point), settles
+    where the mean KL meets the target (0.05 nats: beta 2.2); there KL_hard / KL_easy is about 15. A scalar beta only moves
+    both prompts along the beta axis together; balancing them needs a per-prompt beta."""
+    ref = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64)
+    r = torch.tensor([[0.0, 0.5], [0.0, 2.0]], dtype=torch.float64)
+
+    def kls(beta):
+        p = optimal_policy(ref, r, beta)
+        return (p * (p / ref).log()).sum(-1)
+
+    easy, hard = kls(1.0).tolist()
+    assert abs(easy - 0.0302999) < 1e-6 and abs(hard - 0.3278133) < 1e-6
+    c = AdaptiveKLController(1.0, kl_target=0.05, horizon=10)
+    for _ in range(2000):
+        c.update(float(kls(c.beta).mean()), n_steps=1)
+    easy, hard = kls(c.beta).tolist()
+    assert abs((easy + hard) / 2 - 0.05) < 1e-3  # the controller did its job on the mean
+    assert hard / easy > 3  # and left the prompts unbalanced: 0.094 against 0.006 nats at beta 2.2
+    for beta in (0.1, 0.3, 1.0, 3.0, 10.0):
+        e, h = kls(beta).tolist()
+        assert h > e  # at every beta (both near ln 2 at 0.1, where each puts its mass on its best response)
