@@ -268,3 +268,30 @@ def test_kl_errors():
     with pytest.raises(ObjectiveError, match=r"\(2, 3\).*\(2, 4\)"):
         kl_loss(x, torch.zeros(2, 4), m)
     assert issubclass(ObjectiveError, ValueError)
+
+
+def _exact_variance(probs, ref_probs, estimator):
+    """Var_{y~pi}[k(y)] exactly, summing over every response of a categorical pi."""
+    values = kl_estimate(probs.log() - ref_probs.log(), estimator)
+    mean = (probs * values).sum()
+    return float((probs * (values - mean) ** 2).sum())
+
+
+def test_k3_has_less_variance_than_k1_near_the_reference_but_not_far_from_it():
+    """Note 004 (estimators): k3 is k1 plus a control variate, "with less variance". Exactly, by hand, on two responses.
+
+    Near: pi = (1/2, 1/2), pi_ref = (0.6, 0.4). rho = ln(5/6) = -0.1823216, ln(5/4) = 0.2231436.
+    k1 = rho: mean 0.0204110 (the KL), variance ((0.2231436 + 0.1823216)/2)^2 = 0.0411005.
+    k3 = e^-rho - 1 + rho: 1.2 - 1 - 0.1823216 = 0.0176784 and 0.8 - 1 + 0.2231436 = 0.0231436, the same mean,
+    variance ((0.0231436 - 0.0176784)/2)^2 = 7.4671e-6: about 5,500 times less.
+    Far: pi = (0.9, 0.1), pi_ref = (0.1, 0.9). rho = +-ln 9 = +-2.1972246. k1: variance 0.9 * 0.1 * (2 ln 9)^2 = 1.7380.
+    k3: 1/9 - 1 + ln 9 = 1.3083357 and 9 - 1 - ln 9 = 5.8027754, variance 0.09 * (5.8027754 - 1.3083357)^2 = 1.8180:
+    more than k1's. The control variate e^-rho - 1 has mean 0, and its coefficient 1 is near the variance-minimising
+    one only while rho is small (Schulman 2020)."""
+    d = torch.float64
+    near, near_ref = torch.tensor([0.5, 0.5], dtype=d), torch.tensor([0.6, 0.4], dtype=d)
+    assert abs(_exact_variance(near, near_ref, "k1") - 0.0411005) < 1e-6
+    assert abs(_exact_variance(near, near_ref, "k3") - 7.4671e-6) < 1e-9
+    far, far_ref = torch.tensor([0.9, 0.1], dtype=d), torch.tensor([0.1, 0.9], dtype=d)
+    assert abs(_exact_variance(far, far_ref, "k1") - 1.7380) < 1e-4
+    assert abs(_exact_variance(far, far_ref, "k3") - 1.8180) < 1e-4
