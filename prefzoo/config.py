@@ -334,6 +334,9 @@ def validate(cfg: Config) -> Config:
     _positive("model.fast.head_chunk_size", m.fast.head_chunk_size)
     _choice("model.quantization", m.quantization, ("none", "4bit"))
     _choice("model.reference", m.reference, ("auto", "adapter_disabled", "copy", "base"))
+    if m.reference == "base" and not m.lora.enabled:
+        raise ConfigError("model.reference=base needs LoRA: it is the model with the adapter switched off. "
+                          "Set model.lora.enabled=true, or use model.reference=copy (or auto).")
     if m.quantization == "4bit" and not m.lora.enabled:
         raise ConfigError("model.quantization=4bit needs LoRA (QLoRA): 4-bit weights cannot be trained directly. "
                           "Set model.lora.enabled=true or model.quantization=none.")

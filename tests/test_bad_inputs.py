@@ -122,6 +122,7 @@ CONFIG_CASES = [
     (["model.compute_dtype=int8"], "model.compute_dtype='int8' is not valid"),
     (["model.quantization=8bit"], "choose one of: none, 4bit"),
     (["model.reference=maybe"], "choose one of: auto, adapter_disabled, copy, base"),
+    (["model.reference=base", "model.lora.enabled=false"], "model.reference=base needs LoRA"),
     (["data.on_bad_row=maybe"], "choose one of: error, skip"),
     (["trainer.lr_schedule=cosine"], "choose one of: linear, constant"),
     (["trainer.device=tpu"], "choose one of: auto, cpu, cuda"),
