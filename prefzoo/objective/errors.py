@@ -82,7 +82,7 @@ def check_number(name: str, value: float, *, low: float | None = None, strict_lo
     """Return ``float(value)``; raise unless it is finite and inside the given bounds."""
     try:
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ObjectiveError(f"{name} must be a number, got {value!r}") from None
     if not math.isfinite(v):
         raise ObjectiveError(f"{name} must be finite, got {v}")

@@ -130,12 +130,21 @@ def regularised_objective(probs: torch.Tensor, ref_probs: torch.Tensor, rewards:
     return (probs * rewards).sum(-1) - beta * kl_terms.sum(-1)
 
 
-def _kl_of_tilt(log_ref: torch.Tensor, rewards: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """KL(pi_t || pi_ref) for pi_t proportional to pi_ref exp(t r), t = 1/beta >= 0 of shape (...)."""
-    logits = log_ref + t.unsqueeze(-1) * rewards
-    log_z = torch.logsumexp(logits, dim=-1)
+def _kl_of_tilt(ref: torch.Tensor, rewards: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """KL(pi_t || pi_ref) for pi_t proportional to pi_ref exp(t r), t = 1/beta >= 0 of shape (...).
+
+    ``ref`` sums to 1 and ``rewards`` <= 0 (shifted by their maximum; 0 where ref = 0). With e = expm1(t r) and
+    s = sum ref e (both in [-1, 0]), log Z = log1p(s) and pi_t = ref (1 + e) / (1 + s), so a small t r is never
+    added to log ref and loses no digits: a budget of 1e-14 nats is met to 1e-9 relative. Where Z is small
+    (1 + s < 1/2) the log-space form is the exact one and is used instead."""
+    tr = t.unsqueeze(-1) * rewards
+    e = torch.expm1(tr)
+    s = (ref * e).sum(-1)
+    small = t * (ref * rewards * (1 + e)).sum(-1) / (1 + s) - torch.log1p(s)
+    logits = torch.log(ref) + tr
     probs = torch.softmax(logits, dim=-1)
-    return t * (probs * torch.where(probs > 0, rewards, torch.zeros_like(rewards))).sum(-1) - log_z
+    large = t * (probs * rewards).sum(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.where(1 + s > 0.5, small, large)
 
 
 def beta_for_kl_budget(ref_probs: torch.Tensor, rewards: torch.Tensor, kl_budget: float) -> torch.Tensor:
@@ -152,9 +161,12 @@ def beta_for_kl_budget(ref_probs: torch.Tensor, rewards: torch.Tensor, kl_budget
     Shape: ref_probs (..., N), rewards (..., N) -> (...); N = responses per prompt.
     Units: reward units per nat (beta's); kl_budget in nats.
 
+    ref_probs is renormalised (in float64) before use: the input check allows a sum off 1 by 1e-5, and a float32
+    softmax is off by ~1e-8, which alone would be a KL larger than a small budget.
+
     Raises:
-        ObjectiveError: shape mismatch; ref_probs not a probability vector; kl_budget not a finite number > 0
-            (a budget of 0 means pi = pi_ref, beta = infinity).
+        ObjectiveError: shape mismatch; ref_probs not a probability vector; a NaN or inf reward where
+            ref_probs > 0; kl_budget not a finite number > 0 (a budget of 0 means pi = pi_ref, beta = infinity).
 
     Source: note 000 sec. 4.3 and exercise (e) (the KL penalty as the Lagrangian of a KL-constrained problem);
     Boyd & Vandenberghe 2004, sec. 5.5.3 (KKT) and 5.6 (the multiplier as the sensitivity of the optimal value).
@@ -163,9 +175,12 @@ def beta_for_kl_budget(ref_probs: torch.Tensor, rewards: torch.Tensor, kl_budget
     eps = check_number("kl_budget", kl_budget, low=0.0, strict_low=True,
                        hint="a budget of 0 nats keeps pi = pi_ref (beta = infinity)")
     ref = ref_probs.to(torch.float64)
+    ref = ref / ref.sum(-1, keepdim=True)  # a float32 softmax is off 1 by ~1e-8: more than a small budget
     r = rewards.to(torch.float64)
     support = ref > 0
-    log_ref = torch.log(ref)
+    if bool((support & ~torch.isfinite(r)).any()):
+        raise ObjectiveError("rewards must be finite wherever ref_probs > 0 (found NaN or inf); a response to "
+                             "exclude should get ref_probs 0")
     r = torch.where(support, r, torch.zeros_like(r))
     top = torch.where(support, r, torch.full_like(r, -torch.inf)).max(-1, keepdim=True).values
     best_mass = torch.where(support & (r == top), ref, torch.zeros_like(ref)).sum(-1)
@@ -175,14 +190,14 @@ def beta_for_kl_budget(ref_probs: torch.Tensor, rewards: torch.Tensor, kl_budget
     hi = 1.0 / torch.where(spread > 0, spread, torch.ones_like(spread))
     lo = torch.zeros_like(hi)
     for _ in range(1000):
-        short = (_kl_of_tilt(log_ref, r, hi) < eps) & ~slack
+        short = (_kl_of_tilt(ref, r, hi) < eps) & ~slack
         if not bool(short.any()):
             break
         lo = torch.where(short, hi, lo)
         hi = torch.where(short, 2 * hi, hi)
     for _ in range(100):
         mid = (lo + hi) / 2
-        below = _kl_of_tilt(log_ref, r, mid) < eps
+        below = _kl_of_tilt(ref, r, mid) < eps
         lo = torch.where(below, mid, lo)
         hi = torch.where(below, hi, mid)
     t = (lo + hi) / 2

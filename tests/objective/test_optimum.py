@@ -185,3 +185,46 @@ def test_lagrangian_errors():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ObjectiveError, match="kl_budget"):
             beta_for_kl_budget(ref, r, bad)
+
+
+def _exact_kl_of_optimum(ref, r, beta):
+    """KL(pi*_beta || pi_ref) in float64 against the normalised reference, computed independently of the bisection."""
+    ref = ref.double() / ref.double().sum(-1, keepdim=True)
+    pi = optimal_policy(ref, r.double(), float(beta))
+    return float(torch.where(pi > 0, pi * (pi / ref).log(), torch.zeros_like(pi)).sum())
+
+
+def test_small_budgets_on_a_float32_softmax_reference():
+    """A float32 softmax sums to 1 only to ~1e-8. Measured against the unnormalised vector, every KL would be at least
+    -log(sum) ~ 2e-8, so a budget of 1e-10 gave beta ~ 1e31 (review of this function). The budget is met to 1e-6
+    relative against the normalised reference, and a tiny budget keeps its precision (1e-14: the tilt's small-t form;
+    before it, 1e-14 was met to 2e-3)."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.softmax(torch.randn(50, generator=g), -1)
+    r = torch.randn(50, generator=g)
+    for eps in (1e-10, 1e-7, 0.3):
+        beta = float(beta_for_kl_budget(ref, r, eps))
+        assert abs(_exact_kl_of_optimum(ref, r, beta) - eps) < 1e-6 * eps
+    # eps = 1e-14 is below what a direct sum of pi log(pi / pi_ref) resolves (~1e-16 per term), so the check is the
+    # cumulant expansion of the tilt: KL(pi_t) = t K'(t) - K(t) = t^2 k2 / 2 + t^3 k3 / 3 + ... with t = 1/beta and
+    # k2, k3 the variance and third central moment of r under pi_ref. pi_ref = (0.2, 0.3, 0.5), r = (1, 0, -1):
+    # mean -0.3, k2 = 0.7 - 0.09 = 0.61, k3 = 0.2 * 1.3^3 + 0.3 * 0.3^3 - 0.5 * 0.7^3 = 0.276. So
+    # beta = 1 / sqrt(2 eps / k2) = 5522680.51, to a relative t k3 / (3 k2) = 2.7e-8.
+    ref64 = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    r64 = torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64)
+    beta = float(beta_for_kl_budget(ref64, r64, 1e-14))
+    assert abs(beta / 5522680.51 - 1) < 1e-7
+
+
+def test_non_finite_rewards_where_pi_ref_has_mass_are_refused():
+    """NaN or +-inf on a response pi_ref covers returned 2.5e30 (the bisection's floor) or inf, silently. They are
+    refused; on a response pi_ref gives no mass they do not matter."""
+    ref = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ObjectiveError, match="rewards.*finite"):
+            beta_for_kl_budget(ref, torch.tensor([bad, 0.0, 1.0], dtype=torch.float64), 0.3)
+    masked = torch.tensor([0.0, 0.5, 0.5], dtype=torch.float64)
+    beta = float(beta_for_kl_budget(masked, torch.tensor([float("nan"), 0.0, 1.0], dtype=torch.float64), 0.1))
+    assert abs(_exact_kl_of_optimum(masked, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), beta) - 0.1) < 1e-9
+    with pytest.raises(ObjectiveError, match="kl_budget"):
+        beta_for_kl_budget(ref, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), 10 ** 400)
