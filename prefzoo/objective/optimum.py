@@ -185,8 +185,8 @@ def beta_for_kl_budget(ref_probs: torch.Tensor, rewards: torch.Tensor, kl_budget
     top = torch.where(support, r, torch.full_like(r, -torch.inf)).max(-1, keepdim=True).values
     best_mass = torch.where(support & (r == top), ref, torch.zeros_like(ref)).sum(-1)
     slack = eps >= -torch.log(best_mass)  # the budget does not bind: beta = 0
-    r = r - top  # a shift leaves pi_t unchanged; keeps t * r <= 0
-    spread = (-torch.where(support, r, torch.zeros_like(r))).max(-1).values
+    r = torch.where(support, r - top, torch.zeros_like(r))  # a shift leaves pi_t unchanged; keeps t * r <= 0
+    spread = (-r).max(-1).values
     hi = 1.0 / torch.where(spread > 0, spread, torch.ones_like(spread))
     lo = torch.zeros_like(hi)
     for _ in range(1000):

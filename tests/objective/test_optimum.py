@@ -235,3 +235,14 @@ def test_non_finite_rewards_where_pi_ref_has_mass_are_refused():
     assert abs(_exact_kl_of_optimum(masked, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), beta) - 0.1) < 1e-9
     with pytest.raises(ObjectiveError, match="kl_budget"):
         beta_for_kl_budget(ref, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), 10 ** 400)
+
+
+def test_a_response_without_reference_mass_does_not_change_the_multiplier():
+    """pi_ref = (0, 1/2, 1/2) is the two-response problem (1/2, 1/2) with an extra response pi* can never reach, whatever
+    its reward; all rewards negative, so the shift by the best one makes the unreachable reward positive (5), which
+    must not enter the tilt. Same beta as the two-response problem, at two budgets below its ln 2 ceiling."""
+    d = torch.float64
+    for eps in (0.6, 0.69):
+        three = beta_for_kl_budget(torch.tensor([0.0, 0.5, 0.5], dtype=d), torch.tensor([0.0, -5.0, -6.0], dtype=d), eps)
+        two = beta_for_kl_budget(torch.tensor([0.5, 0.5], dtype=d), torch.tensor([-5.0, -6.0], dtype=d), eps)
+        assert abs(float(three) - float(two)) < 1e-12 and float(two) > 0
