@@ -379,16 +379,19 @@ def plot_per_run(runs: list[dict], keys: list[str], path: Path) -> Path | None:
 
 
 def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | None:
-    """Gold (top) and proxy (bottom) reward against d, best-of-n (left) and RL (right), with the fitted forms."""
+    """Gold (top) and proxy (bottom) reward against d, best-of-n (left) and RL (right), with the fitted forms; a kind
+    with no points (e.g. an RL run without best-of-n) gets no column."""
     if not points["bon"] and not points["rl"]:
         return None
     import numpy as np
 
     plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
+    groups = [g for g in (("best-of-n", [("best-of-n", points["bon"])] if points["bon"] else []),
+                          ("RL", list(points["rl"].items()))) if g[1]]
+    fig, axes = plt.subplots(2, len(groups), figsize=(6 * len(groups), 8), sharex="col", squeeze=False)
     fitted = {(f["series"], f["reward"]): f["fit"] for f in fits}
-    groups = [("best-of-n", [("best-of-n", points["bon"])]), ("RL", list(points["rl"].items()))]
     for col, (title, series) in enumerate(groups):
+        rl = title == "RL"
         for row, (which, idx) in enumerate((("gold", 1), ("proxy", 2))):
             ax = axes[row, col]
             for i, (name, pts) in enumerate(series):
@@ -400,8 +403,8 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
                 if gold_peak is not None and gold_peak[0] < max(p[0] for p in pts):  # gold's peak before the end
                     ax.axvline(gold_peak[0], color=color, ls="--", lw=0.8, alpha=0.7,
                                label=f"gold peak (measured), d={gold_peak[0]:.2f}")
-                ax.plot([p[0] for p in pts], [p[idx] for p in pts], "o:" if col else "s", color=color, lw=0.8,
-                        label=f"{name}: measured" + (" (in step order)" if col else ""))
+                ax.plot([p[0] for p in pts], [p[idx] for p in pts], "o:" if rl else "s", color=color, lw=0.8,
+                        label=f"{name}: measured" + (" (in step order)" if rl else ""))
                 f = fitted.get((name, which))
                 if f is not None:
                     grid = np.linspace(0, max(p[0] for p in pts) * 1.05, 200)
@@ -413,7 +416,7 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
                          fontsize=9)
             ax.set_ylabel(f"{which} reward, mean over temperature-1 samples", fontsize=8)
             if row == 1:
-                ax.set_xlabel(D_LABEL + ("\n(best-of-n: analytic log n − (n−1)/n)" if col == 0 else
+                ax.set_xlabel(D_LABEL + ("\n(best-of-n: analytic log n − (n−1)/n)" if not rl else
                                          "\n(RL: k1 estimate, one point per evaluation during training)"), fontsize=8)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:

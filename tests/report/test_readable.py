@@ -159,3 +159,23 @@ def test_every_algorithm_of_the_zoo_gets_its_own_colour():
     rgb = {a: mcolors.to_hex(st["color"]) for a, st in styles.items()}
     assert len(set(rgb.values())) == 13, rgb
     assert [styles[a]["color"] for a in names[:10]] == [f"C{i}" for i in range(10)]
+
+
+def test_overoptimisation_plot_has_no_empty_panels(tmp_path, monkeypatch):
+    """R21 (an RL run alone, no best-of-n point): overoptimisation.png drew two empty best-of-n panels beside the RL
+    ones. A kind of series without points gets no column: RL alone gives 2 panels, both with data; both kinds give 4."""
+    titles = {}
+    real_save = plots_module._save
+
+    def keep(fig, path, plt, layout=True):
+        titles[Path(path).name] = [(ax.get_title(), len(ax.lines)) for ax in fig.axes]
+        return real_save(fig, path, plt, layout)
+
+    monkeypatch.setattr(plots_module, "_save", keep)
+    rl = {"grpo β=0": [(0.0, 0.0, 4.3, 0), (0.45, 0.05, 4.1, 2), (1.2, 0.01, 6.7, 4)]}
+    plots_module.plot_overoptimisation({"bon": [], "rl": rl}, [], tmp_path / "rl_only.png")
+    assert [t.split(":")[0] for t, _ in titles["rl_only.png"]] == ["RL", "RL"]
+    assert all(n > 0 for _, n in titles["rl_only.png"])
+    bon = [(0.0, 0.05, -3.3, None), (0.8, 0.01, -1.1, None)]
+    plots_module.plot_overoptimisation({"bon": bon, "rl": rl}, [], tmp_path / "both.png")
+    assert sorted(t.split(":")[0] for t, _ in titles["both.png"]) == ["RL", "RL", "best-of-n", "best-of-n"]
