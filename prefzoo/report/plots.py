@@ -421,7 +421,8 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-    fig.suptitle("Overoptimisation (Gao et al. 2023): gold and proxy reward against d = sqrt(KL)")
+    fig.suptitle("Overoptimisation (Gao et al. 2023):" + (" " if len(groups) > 1 else "\n")
+                 + "gold and proxy reward against d = sqrt(KL)")
     return _save(fig, path, plt)
 
 
