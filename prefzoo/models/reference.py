@@ -54,14 +54,6 @@ def make_reference(model: nn.Module, *, lora_enabled: bool, adapter_loaded: bool
         ConfigError: ``adapter_disabled`` asked for where it would not give the initial policy; ``base`` where
             switching the adapter off does not give the base weights (LoRA off, weights outside the adapter train).
     """
-    if mode == "base":
-        outside = trainable_outside_adapter(model) if lora_enabled else []
-        if not lora_enabled or outside:
-            why = "LoRA is off (full fine-tuning)" if not lora_enabled else \
-                f"weights outside the adapter train ({', '.join(outside[:3])}...)"
-            raise ConfigError(f"model.reference=base needs the base weights untouched under a LoRA adapter, but {why}. "
-                              "Use model.reference=copy (or auto).")
-        return Reference(model, "adapter_disabled")
     reasons = []
     if not lora_enabled:
         reasons.append("LoRA is off (full fine-tuning)")
@@ -69,8 +61,13 @@ def make_reference(model: nn.Module, *, lora_enabled: bool, adapter_loaded: bool
         outside = trainable_outside_adapter(model)
         if outside:
             reasons.append(f"weights outside the adapter train ({', '.join(outside[:3])}...)")
-        if adapter_loaded:
-            reasons.append("the adapter was loaded already trained (model.adapter_path)")
+    if mode == "base":  # a loaded adapter is the point here, so only the other reasons refuse
+        if reasons:
+            raise ConfigError("model.reference=base needs the base weights untouched under a LoRA adapter, but "
+                              + "; ".join(reasons) + ". Use model.reference=copy (or auto).")
+        return Reference(model, "adapter_disabled")
+    if lora_enabled and adapter_loaded:
+        reasons.append("the adapter was loaded already trained (model.adapter_path)")
     if mode == "adapter_disabled" and reasons:
         raise ConfigError("model.reference=adapter_disabled would not give the starting policy because "
                           + "; ".join(reasons) + ". Use model.reference=copy (or auto).")

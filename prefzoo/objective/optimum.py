@@ -181,7 +181,6 @@ def beta_for_kl_budget(ref_probs: torch.Tensor, rewards: torch.Tensor, kl_budget
     if bool((support & ~torch.isfinite(r)).any()):
         raise ObjectiveError("rewards must be finite wherever ref_probs > 0 (found NaN or inf); a response to "
                              "exclude should get ref_probs 0")
-    r = torch.where(support, r, torch.zeros_like(r))
     top = torch.where(support, r, torch.full_like(r, -torch.inf)).max(-1, keepdim=True).values
     best_mass = torch.where(support & (r == top), ref, torch.zeros_like(ref)).sum(-1)
     slack = eps >= -torch.log(best_mass)  # the budget does not bind: beta = 0
