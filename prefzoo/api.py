@@ -199,19 +199,22 @@ def train(overrides, run_dir: str | Path | None = None) -> RunResult:
         words = _check_overrides(overrides)
         task_cfg, hydra_node = compose(words)
         composed = task_cfg
-    from prefzoo.cli import check_data, to_typed
+    from prefzoo.cli import check_data, preflight
 
-    typed = to_typed(composed)  # values, the plugin's settings, trackers: before any model loads
-    check_data(typed)  # a bad data file fails here, in seconds
+    checked = preflight(composed)  # values, the plugin's settings, trackers: before any model loads
+    typed = checked.config
+    check_data(typed, checked.algo.declaration)  # a bad data file fails here, in seconds
     if run_dir is None:
         run_dir = Path(hydra_node.run.dir) if hydra_node is not None else default_run_dir(typed.algo.name)
-    summary, out = _train_in(typed, Path(run_dir), task_cfg, hydra_node, words)
+    summary, out = _train_in(checked, Path(run_dir), task_cfg, hydra_node, words)
     return RunResult(run_dir=out, summary=summary, metrics=dict(summary.get("results") or {}))
 
 
-def _train_in(typed, out: Path, task_cfg, hydra_node, words: list[str]) -> tuple[dict, Path]:
+def _train_in(checked, out: Path, task_cfg, hydra_node, words: list[str]) -> tuple[dict, Path]:
     """The command line's run (:func:`prefzoo.cli.run_from_hydra`) in ``out``: data parallel set-up, the run folder
-    checked and locked, ``.hydra/`` and ``config.yaml`` written, the Trainer run."""
+    checked and locked, ``.hydra/`` and ``config.yaml`` written, the Trainer run on the pre-flight's plugin
+    (``checked``: :class:`prefzoo.cli.Preflight`)."""
+    typed = checked.config
     from omegaconf import OmegaConf
 
     from prefzoo.training.distributed import setup_data_parallel
@@ -227,7 +230,7 @@ def _train_in(typed, out: Path, task_cfg, hydra_node, words: list[str]) -> tuple
             _write_hydra_files(out, task_cfg if task_cfg is not None else OmegaConf.structured(typed), hydra_node, words)
             write_resolved_config(typed, out)
         with _run_log(out / f"{hydra_node.job.name if hydra_node is not None else 'train'}.log", dp.is_main):
-            summary = Trainer(typed, out, dp, folder=folder).run()
+            summary = Trainer(typed, out, dp, folder=folder, algo=checked.algo).run()
     finally:
         dp.close()
     return summary, out
@@ -240,13 +243,15 @@ def _run_files(run_dir: Path) -> tuple[Path, Path]:
            "config.yaml); a run that stopped early continues with trainer.resume=true hydra.run.dir=<folder>")
     if not run_dir.is_dir():
         raise RunFolderError(f"prefzoo.load_policy: {run_dir} is not a folder; {fix}.")
-    config = run_dir / "config.yaml"
-    weights = next((run_dir / w for w in ("adapter", "model") if (run_dir / w).is_dir()), None)
+    from prefzoo.training.run_folder import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
+
+    config = run_dir / CONFIG_FILE
+    weights = next((run_dir / w for w in (ADAPTER_DIR, MODEL_DIR) if (run_dir / w).is_dir()), None)
     if weights is None:
         inside = sorted(p.name for p in run_dir.iterdir())[:8]
         raise RunFolderError(f"prefzoo.load_policy: {run_dir} holds no adapter/ (the trained LoRA adapter) and no model/ "
                          f"(holds: {', '.join(inside) or 'nothing'}); {fix}.")
-    if weights.name == "adapter" and not (weights / "adapter_config.json").is_file():
+    if weights.name == ADAPTER_DIR and not (weights / "adapter_config.json").is_file():
         raise RunFolderError(f"prefzoo.load_policy: {weights} holds no adapter_config.json (an incomplete adapter); {fix}.")
     if not config.is_file():
         raise RunFolderError(f"prefzoo.load_policy: {run_dir} holds no config.yaml (the run's resolved config, needed to "
@@ -292,6 +297,7 @@ def load_policy(run_dir: str | Path, device: str = "cpu"):
 
     from prefzoo.config import Config, TrainerConfig
     from prefzoo.models.loading import load_causal_lm, load_tokenizer
+    from prefzoo.training.run_folder import ADAPTER_DIR
     from prefzoo.training.setup import build_base_model
 
     run_dir = Path(run_dir)
@@ -299,7 +305,7 @@ def load_policy(run_dir: str | Path, device: str = "cpu"):
     model_cfg, seed = saved_model_config(run_dir)
     device = torch.device(device)
     tokenizer = load_tokenizer(model_cfg.name)
-    if weights.name == "adapter":
+    if weights.name == ADAPTER_DIR:
         from peft import PeftModel
 
         cfg = Config(algo=None, model=model_cfg, trainer=TrainerConfig(seed=seed))

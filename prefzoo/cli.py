@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -67,10 +69,30 @@ def register_configs() -> None:
     _config.register_configs({n: c.config_class for n, c in REGISTRY.items()}, extra)
 
 
+@dataclass
+class Preflight:
+    """What the pre-flight checked, for the run to use as it is: the typed config and its plugin (built once)."""
+
+    config: Config
+    algo: Any  # prefzoo.algos.Algorithm (imported lazily: the plugins load with the pre-flight)
+
+
 def to_typed(cfg: DictConfig) -> Config:
-    """Hydra's composed config -> the typed, resolved and validated :class:`~prefzoo.config.Config`, plugin included:
+    """Hydra's composed config -> the typed, resolved and validated :class:`~prefzoo.config.Config` (:func:`preflight`'s
+    config).
+
+    Raises:
+        ConfigError: no or an unknown algorithm, a bad value, a bad combination (one line naming the key).
+        PluginError: ``algo.target`` names something that is not a plugin.
+    """
+    return preflight(cfg).config
+
+
+def preflight(cfg: DictConfig) -> Preflight:
+    """Hydra's composed config -> the typed, resolved and validated config and its plugin, before any model loads:
     the algorithm exists (built-in, installed, or ``algo=custom algo.target=...``), the run's values are valid, and
-    the plugin's own settings pass its ``validate_settings`` against the resolved objective.
+    the plugin's own settings pass its ``validate_settings`` against the resolved objective. The plugin is built here
+    once (:func:`prefzoo.training.plugin.build_algorithm`) and the run trains that very object.
 
     Raises:
         ConfigError: no or an unknown algorithm, a bad value, a bad combination (one line naming the key).
@@ -98,19 +120,23 @@ def to_typed(cfg: DictConfig) -> Config:
     else:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
-    from prefzoo.validation import check_batch_size, check_kl_controller, check_references, warn_idle
+    from prefzoo.training.plugin import build_algorithm
+    from prefzoo.validation import check_batch_size, check_kl_controller, check_names, check_references, warn_idle
 
-    needs = declaration_of(typed)  # building the plugin runs its validate_settings on the resolved objective
+    check_names(typed)  # the annotator, eval.ood's shifted task: names in the data's registries
+
+    algo = build_algorithm(typed)  # runs the plugin's validate_settings on the resolved objective
+    declaration = algo.declaration
     from prefzoo.training.distributed import launched_world_size
 
-    check_batch_size(typed, needs.min_batch_size, launched_world_size())  # rows per process and step
-    check_kl_controller(typed, needs.has("adaptive_beta"))
-    check_references(typed, needs.num_samples)  # early-stopping metric, adapter folder, reward functions
+    check_batch_size(typed, declaration.min_batch_size, launched_world_size())  # rows per process and step
+    check_kl_controller(typed, declaration.has("adaptive_beta"))
+    check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
     from prefzoo.training.trackers import check_report_to
 
     check_report_to(typed)  # trainer.report_to: known trackers, their packages installed
-    warn_idle(typed, needs.trains)
-    return typed
+    warn_idle(typed, declaration.trains)
+    return Preflight(typed, algo)
 
 
 def run_dir() -> Path:
@@ -142,23 +168,12 @@ def secondary_process_overrides(argv: list[str]) -> list[str]:
     return list(argv) + extra
 
 
-def declaration_of(typed: Config):
-    """The plugin of a typed, resolved config, built as the Trainer builds it: its :class:`Declaration`."""
-    from prefzoo.algos import algorithm_class
-    from prefzoo.types import SamplingParams
-
-    r = typed.rollout
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                              is_correction_cap=r.is_correction_cap)
-    return algorithm_class(typed.algo)(typed.algo, _config.resolve_objective(typed), sampling).declaration
-
-
-def check_data(typed) -> None:
-    """The first pass over ``data.path`` (:func:`prefzoo.data.check.check_data_file`), before the loop is imported."""
+def check_data(typed, declaration) -> None:
+    """The first pass over ``data.path`` (:func:`prefzoo.data.check.check_data_file`), before the loop is imported;
+    ``declaration``: the plugin's (online plugins read no preference file; offline ones pairs or unpaired rows)."""
     from prefzoo.data.check import check_data_file
 
-    needs = declaration_of(typed)
-    check_data_file(typed, needs.online, needs.data)
+    check_data_file(typed, declaration.online, declaration.data)
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
@@ -172,8 +187,9 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     message on a configuration, data, model or reward error.
     """
     try:
-        typed = to_typed(cfg)
-        check_data(typed)  # a bad data file fails here, in seconds (prefzoo.data.check)
+        checked = preflight(cfg)
+        typed = checked.config
+        check_data(typed, checked.algo.declaration)  # a bad data file fails here, in seconds (prefzoo.data.check)
         from prefzoo.training.distributed import setup_data_parallel
         from prefzoo.training.loop import Trainer, write_resolved_config
         from prefzoo.training.run_folder import open_run_folder
@@ -184,7 +200,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         folder = open_run_folder(typed, out, dp)  # writable, not in use, resumable with this config: before config.yaml
         if dp.is_main:
             write_resolved_config(typed, out)
-        summary = Trainer(typed, out, dp, folder=folder).run()
+        summary = Trainer(typed, out, dp, folder=folder, algo=checked.algo).run()
     except PrefzooError as err:
         from prefzoo.training.distributed import launched_rank
 

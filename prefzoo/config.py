@@ -17,17 +17,18 @@ the resolved values.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from prefzoo.types import ObjectiveSettings
+from prefzoo.types import ObjectiveSettings, SamplingParams
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
-from prefzoo.validation import check_annotator, check_finite, check_ood_eval
 
 
 @dataclass
@@ -306,11 +307,40 @@ def resolve_defaults(cfg: Config) -> Config:
     return cfg
 
 
+def non_finite_floats(node, key: str = "", optional: bool = False) -> Iterator[tuple[str, float, bool]]:
+    """(key, value, may be null) of every float in a (nested) dataclass, list or dict that is NaN or +-inf, in
+    field order; keys are spelt as on the command line (``objective.beta``, ``reward.weights[1]``)."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            yield from non_finite_floats(getattr(node, f.name), f"{key}.{f.name}" if key else f.name,
+                                         "Optional" in str(f.type) or "None" in str(f.type))
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from non_finite_floats(item, f"{key}[{i}]")
+    elif isinstance(node, dict):
+        for name, item in node.items():
+            yield from non_finite_floats(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, float) and not math.isfinite(node):
+        yield key, node, optional
+
+
+def check_finite(cfg) -> None:
+    """Raise :class:`ConfigError` naming the first key of ``cfg`` whose value is NaN or infinite: a generic walk over
+    the dataclasses (objective, trainer, data, model, rollout, eval, the algorithm's own settings, lists of weights),
+    so a float key added later is covered without a line here."""
+    for key, value, optional in non_finite_floats(cfg):
+        raise ConfigError(f"{key}={value} is not a finite number; give a finite value"
+                          f"{f' (or {key}=null)' if optional else ''}.")
+
+
 def validate(cfg: Config) -> Config:
     """Resolve the algorithm's defaults, then check values and combinations; raise :class:`ConfigError` naming the
-    key and the valid values. (A plugin's own settings are checked by its ``validate_settings``, see the CLI.)"""
+    key and the valid values. Only the values themselves: names that must exist in a registry (the annotator, the
+    shifted task of ``eval.ood``, reward functions, metrics, adapter folders) are checked by the pre-flight
+    (:func:`prefzoo.cli.preflight`, :mod:`prefzoo.validation`), and a plugin's own settings by its
+    ``validate_settings``."""
     resolve_defaults(cfg)
-    check_finite(cfg)  # NaN / inf in any float key (prefzoo.validation)
+    check_finite(cfg)  # NaN / inf in any float key
     o, t, d, m = cfg.objective, cfg.trainer, cfg.data, cfg.model
     if o.beta is not None and o.beta < 0:
         raise ConfigError(f"objective.beta={o.beta} is invalid: beta weighs the divergence penalty and must be "
@@ -347,7 +377,9 @@ def validate(cfg: Config) -> Config:
     _choice("data.on_bad_row", d.on_bad_row, ("error", "skip"))
     if not 0 < d.eval_fraction < 1:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must be in (0, 1): the share of a file held out.")
-    check_annotator(d.pairs)
+    if not 0 <= d.pairs.length_bias <= 1:  # (the annotator's name: prefzoo.validation.check_names, in the pre-flight)
+        raise ConfigError(f"data.pairs.length_bias={d.pairs.length_bias} must be in [0, 1]: the probability that "
+                          "data.pairs.annotator=longer prefers the longer answer over the verifier's better one.")
     if d.pairs.num_samples < 2:
         raise ConfigError(f"data.pairs.num_samples={d.pairs.num_samples}: a pair needs at least 2 samples "
                           "per prompt.")
@@ -381,7 +413,6 @@ def validate(cfg: Config) -> Config:
     if gold.weights is not None and len(gold.weights) != len(gold.functions):
         raise ConfigError(f"eval.gold_reward.weights has {len(gold.weights)} entries but eval.gold_reward.functions has "
                           f"{len(gold.functions)}; give one weight per function.")
-    check_ood_eval(cfg)  # eval.ood: a shifted task that shares no problem with the training one
     if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
         raise ConfigError(f"reward.weights has {len(cfg.reward.weights)} entries but reward.functions has "
                           f"{len(cfg.reward.functions)}; give one weight per function.")
@@ -464,3 +495,12 @@ def resolve_objective(cfg: Config) -> ObjectiveSettings:
         kl_estimator=o.kl_estimator, kl_placement=o.kl_placement,
         kl_controller=o.kl_controller, kl_target=o.kl_target, kl_horizon=o.kl_horizon,
     )
+
+
+def sampling_params(cfg: Config) -> SamplingParams:
+    """The rollout's sampling settings (``rollout.*``, defaults resolved) as the plugin and the sampler see them:
+    built here alone, once per run."""
+    resolve_defaults(cfg)
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                          is_correction_cap=r.is_correction_cap)

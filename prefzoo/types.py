@@ -38,7 +38,8 @@ from torch import Tensor
 from prefzoo.objective import last_token_index
 
 __all__ = ["Batch", "SequenceBatch", "PromptBatch", "PreferenceBatch", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
-           "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN", "sequence_rewards"]
+           "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES",
+           "sequence_rewards"]
 
 
 def _pad_cat(tensors: list[Tensor], side: str, value) -> Tensor:
@@ -203,6 +204,10 @@ class Experience(SequenceBatch):
 #: rollout does not depend on how prompts are split into batches or data-parallel processes. It is not a
 #: dataset column: scorers do not pass it on to reward functions.
 ROLLOUT_SEED_COLUMN = "rollout_seed"
+
+#: Reserved :attr:`PromptBatch.columns` entry: the prompts as chat messages, set by the data when its prompts are
+#: conversational; the scorer hands it to TRL-style reward functions as their ``prompts`` (:mod:`prefzoo.rewards`).
+PROMPT_MESSAGES = "prompt_messages"
 
 
 @dataclass

@@ -1,10 +1,9 @@
-"""Configuration checks beyond single values, run by :func:`prefzoo.config.validate` before anything loads.
+"""Configuration checks beyond single values: what the config names exists in a registry of the data, the rewards,
+the evaluation or on disk. The command line's pre-flight (:func:`prefzoo.cli.preflight`) runs them after
+:func:`prefzoo.config.validate` (the values alone, which imports none of these rooms), before anything loads.
 
-* :func:`check_finite`: no float anywhere in the typed config (objective, trainer, data, model, rollout, eval,
-  the algorithm's own settings, lists of weights) is NaN or infinite. A generic walk over the dataclasses, so a
-  float key added later is covered without a line here.
-* :func:`check_annotator`: ``data.pairs.annotator`` names an annotator of the built-in pairs, ``length_bias`` is
-  in [0, 1].
+* :func:`check_names`: ``data.pairs.annotator`` names an annotator of the built-in pairs (:func:`check_annotator`);
+  ``eval.ood`` is a shifted task disjoint from the training one (:func:`check_ood_eval`).
 * :func:`check_references`: what the config names exists. ``trainer.early_stopping.metric`` is a metric the
   evaluation reports; ``model.adapter_path`` is a folder holding ``adapter_config.json``; every reward function
   (``reward.functions``, ``eval.gold_reward.functions``) imports, is callable and takes ``(prompts,
@@ -18,46 +17,30 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import os
-from collections.abc import Iterator
 
 from prefzoo.errors import ConfigError
 
 log = logging.getLogger("prefzoo.config")
 
-__all__ = ["non_finite_floats", "check_finite", "check_annotator", "check_early_stopping_metric", "check_adapter_path",
+__all__ = ["check_names", "check_annotator", "check_ood_eval", "check_early_stopping_metric", "check_adapter_path",
            "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle"]
 
 
-def non_finite_floats(node, key: str = "", optional: bool = False) -> Iterator[tuple[str, float, bool]]:
-    """(key, value, may be null) of every float in a (nested) dataclass, list or dict that is NaN or +-inf, in
-    field order; keys are spelt as on the command line (``objective.beta``, ``reward.weights[1]``)."""
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        for f in dataclasses.fields(node):
-            yield from non_finite_floats(getattr(node, f.name), f"{key}.{f.name}" if key else f.name,
-                                         "Optional" in str(f.type) or "None" in str(f.type))
-    elif isinstance(node, (list, tuple)):
-        for i, item in enumerate(node):
-            yield from non_finite_floats(item, f"{key}[{i}]")
-    elif isinstance(node, dict):
-        for name, item in node.items():
-            yield from non_finite_floats(item, f"{key}.{name}" if key else str(name))
-    elif isinstance(node, float) and not math.isfinite(node):
-        yield key, node, optional
+def check_names(cfg) -> None:
+    """The registry names of the data settings: :func:`check_annotator` and :func:`check_ood_eval`.
 
-
-def check_finite(cfg) -> None:
-    """Raise :class:`ConfigError` naming the first key of ``cfg`` whose value is NaN or infinite."""
-    for key, value, optional in non_finite_floats(cfg):
-        raise ConfigError(f"{key}={value} is not a finite number; give a finite value"
-                          f"{f' (or {key}=null)' if optional else ''}.")
+    Raises:
+        ConfigError: naming the key, its value and the valid ones.
+    """
+    check_annotator(cfg.data.pairs)
+    check_ood_eval(cfg)  # eval.ood: a shifted task that shares no problem with the training one
 
 
 def check_annotator(pairs) -> None:
-    """``data.pairs.annotator`` names an annotator of :mod:`prefzoo.data.pairs` and ``length_bias`` is a probability.
+    """``data.pairs.annotator`` names an annotator of :mod:`prefzoo.data.pairs` (``length_bias``, a value, is
+    :func:`prefzoo.config.validate`'s).
 
     Raises:
         ConfigError: naming the key, its value and the valid ones.
@@ -68,20 +51,17 @@ def check_annotator(pairs) -> None:
         raise ConfigError(f"data.pairs.annotator={pairs.annotator!r} is not valid; choose one of: "
                           f"{', '.join(ANNOTATORS)} (gold: the verifier labels the pairs; longer: a length-biased "
                           "annotator, see prefzoo.data.pairs).")
-    if not 0 <= pairs.length_bias <= 1:
-        raise ConfigError(f"data.pairs.length_bias={pairs.length_bias} must be in [0, 1]: the probability that "
-                          "data.pairs.annotator=longer prefers the longer answer over the verifier's better one.")
 
 
-def check_early_stopping_metric(cfg, group_size: int = 0) -> None:
+def check_early_stopping_metric(cfg, num_samples: int = 0) -> None:
     """``trainer.early_stopping.metric`` must be a metric of the held-out evaluation (see
-    :mod:`prefzoo.evaluation.metrics`); ``group_size``: the algorithm's declared ``num_samples`` (pass@k)."""
+    :mod:`prefzoo.evaluation.metrics`); ``num_samples``: the algorithm's declared ``num_samples`` (pass@k)."""
     from prefzoo.evaluation.metrics import metric_names
 
     metric = cfg.trainer.early_stopping.metric
     if metric is None:
         return
-    valid = metric_names(group_size, ood=_ood_enabled(cfg))
+    valid = metric_names(num_samples, ood=_ood_enabled(cfg))
     if metric not in valid:
         shown = [n for n in valid if not n.endswith("_se")]
         raise ConfigError(f"trainer.early_stopping.metric={metric!r} is not a metric of the evaluation; choose one "
@@ -137,9 +117,9 @@ def check_reward_functions(cfg) -> None:
             raise ConfigError(f"{key}: {err}") from None
 
 
-def check_references(cfg, group_size: int = 0) -> None:
+def check_references(cfg, num_samples: int = 0) -> None:
     """The checks of names and paths (see the module docstring); raise :class:`ConfigError` on the first."""
-    check_early_stopping_metric(cfg, group_size)
+    check_early_stopping_metric(cfg, num_samples)
     check_adapter_path(cfg)
     check_reward_functions(cfg)
 

@@ -1,6 +1,12 @@
-"""Guards that keep the house standing (DESIGN.md, "Which way the imports run"; the plugin-contract issue).
+"""Guards that keep the house standing (DESIGN.md, "Which way the imports run"; the plugin-contract issue; the online
+family issue).
 
 * every room imports only the rooms below it (the table :data:`ALLOWED`), lazy imports inside functions included;
+* four sideways imports of the middle of the house stay gone (:data:`SIDEWAYS`): the config does not reach the data,
+  reward and metric registries (the pre-flight checks those names), the rollout does not import the models, the data
+  does not import the rewards, the rewards do not import the evaluation;
+* no plugin subclasses another plugin: what a family shares is its body (``algos/online.py``,
+  ``algos/pairwise.py``), which is not a plugin;
 * ``prefzoo/__init__.py`` imports no room at module level: ``import prefzoo`` stays light, and the Python API
   (``prefzoo.train``, ``prefzoo.load_policy``, ``prefzoo.RunResult``) comes from ``prefzoo/api.py``, the top room,
   through the package's module ``__getattr__`` on first use (the ecosystem-fit issue: this rule changed on purpose
@@ -23,15 +29,16 @@ from prefzoo.algos import BUILTIN
 
 ROOT = Path(prefzoo.__file__).parent
 
-#: room -> the rooms it may import (besides itself). ``errors`` is a leaf everyone may import.
-BASE = {"errors"}
+#: room -> the rooms it may import (besides itself). ``errors`` and ``text`` are leaves everyone may import.
+BASE = {"errors", "text"}
 MIDDLE = {"types", "objective", "config", "validation", "models", "data", "rollout", "rewards", "evaluation"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "text": set(),
     "objective": BASE,
     "types": BASE | {"objective"},
     "algos": BASE | {"objective", "types"},
-    "config": BASE | {"objective", "types", "validation"},
+    "config": BASE | {"objective", "types"},
     "validation": BASE | MIDDLE,  # config's checks of names and paths (reward functions, adapters, metrics)
     # models, data, rollout, rewards, evaluation: the shared vocabulary and each other, never algos or the loop
     **{room: BASE | MIDDLE for room in ("models", "data", "rollout", "rewards", "evaluation")},
@@ -92,6 +99,56 @@ def violations(root: Path = ROOT) -> list[str]:
 
 def test_every_room_imports_only_the_rooms_below_it():
     assert violations() == []
+
+
+#: (room or module, a room it must not import): the four sideways imports the online-family issue removed
+SIDEWAYS = [("config", "validation"), ("config", "data"), ("config", "rewards"), ("config", "evaluation"),
+            ("rollout", "models"), ("data", "rewards"), ("rewards", "evaluation")]
+
+
+def test_the_sideways_imports_of_the_middle_stay_gone():
+    """config.py imports no registry (not even through validation.py: the pre-flight calls those checks); rollout/
+    imports no model module, data/ no reward module, rewards/ no evaluation module (lazy imports included). The
+    shared constants and helpers they used live where both sides see them (``prefzoo.types.PROMPT_MESSAGES``,
+    ``prefzoo.text``; the merged copy is handed to the engine as a factory)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        room = room_of(path)
+        for line, target in prefzoo_imports(path):
+            if (room, target) in SIDEWAYS:
+                found.append(f"{path.relative_to(ROOT)}:{line} ({room}) imports prefzoo.{target}")
+    assert found == []
+
+
+def test_no_plugin_subclasses_another_plugin():
+    """Compose, don't inherit (DESIGN.md): no built-in plugin has another plugin among its base classes, and the
+    family bodies a plugin derives from are not plugins (never registered, no algo= name of their own)."""
+    from prefzoo.algos import REGISTRY
+    from prefzoo.algos.online import OnlinePolicyGradient
+    from prefzoo.algos.pairwise import DirectPreference
+
+    plugins = {cls for name, cls in REGISTRY.items() if name in BUILTIN}
+    assert len(plugins) == len(BUILTIN)
+    assert subclassed_plugins(plugins) == []
+    for body in (OnlinePolicyGradient, DirectPreference):
+        assert body not in REGISTRY.values() and "name" not in body.__dict__
+
+
+def subclassed_plugins(plugins: set[type]) -> list[str]:
+    """``"A subclasses B"`` for every plugin A of ``plugins`` with another plugin B among its base classes."""
+    return sorted(f"{cls.__name__} subclasses {base.__name__}" for cls in plugins for base in cls.__mro__[1:]
+                  if base in plugins)
+
+
+def test_the_plugin_inheritance_guard_fails_on_a_subclassed_plugin():
+    """The guard itself: GSPO as it was (a subclass of GRPO) is reported; two members of one family are not."""
+    from prefzoo.algos.grpo import GRPO
+    from prefzoo.algos.rloo import RLOO
+
+    class OldGSPO(GRPO):
+        name = "old_gspo"
+
+    assert subclassed_plugins({GRPO, RLOO, OldGSPO}) == ["OldGSPO subclasses GRPO"]
 
 
 def test_the_package_imports_the_api_only_lazily():

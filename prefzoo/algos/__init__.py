@@ -49,7 +49,8 @@ def check_plugin(cls: object, where: str) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise PluginError(f"{where} is not an algorithm plugin: it must be a subclass of prefzoo.algos.Algorithm.")
     if not isinstance(cls.__dict__.get("name"), str) or not cls.__dict__["name"]:
-        raise PluginError(f"{where} has no class attribute `name` (its algo= name), e.g. name = \"my_algo\".")
+        raise PluginError(f"{where} has no algo= name: give its config dataclass a name (name: str = \"my_algo\") and "
+                          "set config_class, or set the class attribute name = \"my_algo\".")
     if not (isinstance(cls.config_class, type) and issubclass(cls.config_class, AlgoConfig)):
         raise PluginError(f"{where}.config_class must be a dataclass subclassing prefzoo.algos.AlgoConfig.")
     if cls.declare is Algorithm.declare or cls.loss is Algorithm.loss:

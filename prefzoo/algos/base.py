@@ -87,6 +87,18 @@ class AlgoConfig:
     default_batch_size: int = 4
 
 
+def check_beta(objective: ObjectiveSettings, who: str, why: str) -> None:
+    """A plugin whose loss is undefined at beta = 0 refuses it: ``objective.beta`` must be > 0.
+
+    Raises:
+        ConfigError: ``objective.beta=<value>: <who> needs beta > 0 (<why>).``
+    """
+    from prefzoo.errors import ConfigError
+
+    if not objective.beta > 0:
+        raise ConfigError(f"objective.beta={objective.beta}: {who} needs beta > 0 ({why}).")
+
+
 @dataclass(frozen=True)
 class MetricWarning:
     """A warning the loop prints while a run goes wrong in a way the plugin knows how to read: the step metric
@@ -184,7 +196,8 @@ class Algorithm:
     """Base class of algorithm plugins (see the module docstring for the contract).
 
     Class attributes:
-        name: the registry name (``algo=<name>``).
+        name: the registry name (``algo=<name>``); by default its config's ``name`` (set once, in the config
+            dataclass: a class that sets ``config_class`` and no ``name`` takes ``config_class.name``).
         config_class: the plugin's typed config (a subclass of :class:`AlgoConfig`).
 
     Instance attributes:
@@ -203,6 +216,12 @@ class Algorithm:
     config_class: ClassVar[type[AlgoConfig]] = AlgoConfig
     all_reduce: Callable[[Tensor], Tensor] | None = None
     statistics: dict[str, float] | None = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        default = getattr(cls.__dict__.get("config_class"), "name", None)
+        if "name" not in cls.__dict__ and isinstance(default, str) and default != "???":
+            cls.name = default  # the algo= name lives once, in the config dataclass
 
     def __init__(self, cfg: AlgoConfig, objective: ObjectiveSettings, sampling: SamplingParams | None = None):
         self.validate_settings(cfg, objective)

@@ -106,7 +106,6 @@ class BestOfNPolicy:
 class BestOfN(Algorithm):
     """``algo=bon``: best-of-n sampling from the reference; no training, evaluated like a trained policy."""
 
-    name = "bon"
     config_class = BoNConfig
 
     @staticmethod

@@ -16,13 +16,16 @@ Settings (``importance_sampling_level``: ``sequence`` = GSPO, ``sequence_token``
 the paper's clip range is tiny, eps_low = 3e-4 and eps_high = 4e-4 (sec. 5.1, the defaults here), because
 a sequence ratio is a geometric mean over hundreds of tokens; each rollout is split into 4 mini-batches
 (sec. 5.1: ``num_minibatches=4``), so the ratio moves away from 1 after the first optimizer step. The log-probs
-at sampling time are stored as ``old_logps`` whenever there is more than one optimizer step per rollout.
+at sampling time are stored as ``old_logps`` whenever there is more than one optimizer step per rollout. The
+sequence ratio and its clip are :func:`prefzoo.objective.sequence_clipped_surrogate_loss` (GSPO) and
+:func:`prefzoo.objective.gspo_token_log_ratio` (GSPO-token).
 
 Departures and choices:
 
-* Everything but the loss is GRPO's (:class:`prefzoo.algos.grpo.GRPO`): ``scale_rewards``, the KL (the paper
-  has none, beta = 0 by default; with beta > 0 the estimator and placement come from ``objective``, a KL loss
-  is added per token), ``mask_truncated``, ``loss_aggregation``. The paper's reduction is the mean over
+* Everything but the loss is GRPO's: its advantages (:func:`prefzoo.algos.online.group_relative_advantages`,
+  ``scale_rewards``), and the online family's rollout, KL and metrics (:mod:`prefzoo.algos.online`; the paper has
+  no KL, beta = 0 by default; with beta > 0 the estimator and placement come from ``objective``, a KL loss is
+  added per token), ``mask_truncated``, ``loss_aggregation``. The paper's reduction is the mean over
   sequences (``loss_aggregation=grpo``): the sequence loss is put on each of its tokens and averaged per
   sequence, which is exactly (1/G) sum_i. ``dapo`` / ``dr_grpo`` weight sequences by length (a departure).
 * Length. The 1/|y_i| inside s_i weights each sequence's gradient by 1/|y_i|, as GRPO's per-sequence mean does.
@@ -41,19 +44,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.grpo import GRPO, GRPOConfig, drift_metrics
+from prefzoo.algos.online import (GroupRelativeConfig, OnlinePolicyGradient, PolicyLoss, check_group_relative_settings,
+                                  check_policy_clip, group_relative_advantages)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (clipped_surrogate_loss, gspo_token_log_ratio, kl_loss, last_token_index, masked_sum,
-                               ratio_statistics, sequence_log_ratio)
-from prefzoo.types import Experience, LossOutput, ObjectiveSettings, Policy
+from prefzoo.objective import (clipped_surrogate_loss, gspo_token_log_ratio, masked_sum, sequence_clipped_surrogate_loss,
+                               sequence_log_ratio)
+from prefzoo.types import Experience, ObjectiveSettings
 
 LEVELS = ("sequence", "sequence_token")
 
 
 @dataclass
-class GSPOConfig(GRPOConfig):
+class GSPOConfig(GroupRelativeConfig):
     name: str = "gspo"
     importance_sampling_level: str = "sequence"  # sequence (GSPO) | sequence_token (GSPO-token)
     clip_eps_low: float = 3e-4  # Zheng et al. 2025, sec. 5.1
@@ -62,49 +67,30 @@ class GSPOConfig(GRPOConfig):
 
 
 @register
-class GSPO(GRPO):
+class GSPO(OnlinePolicyGradient):
     """GSPO plugin: GRPO's rollout and advantages, sequence-level importance ratio and clip."""
 
-    name = "gspo"
     config_class = GSPOConfig
+    advantages = group_relative_advantages
 
     @staticmethod
     def validate_settings(cfg: GSPOConfig, objective: ObjectiveSettings) -> None:
         if cfg.importance_sampling_level not in LEVELS:
             raise ConfigError(f"algo.importance_sampling_level={cfg.importance_sampling_level!r}; choose one of "
                               f"{', '.join(LEVELS)} (GSPO, GSPO-token).")
-        GRPO.validate_settings(cfg, objective)
+        check_group_relative_settings(cfg, objective)
+        check_policy_clip(cfg)
 
-    def stores_old_logps(self) -> bool:
-        return self.cfg.epochs * self.cfg.num_minibatches > 1
-
-    def loss(self, policy: Policy, batch: Experience) -> LossOutput:
-        c = self.cfg
-        logps, entropy = policy.logps(batch, self.sampling.temperature, with_entropy=True)
-        old = batch.old_logps if batch.old_logps is not None else logps.detach()
-        mask = batch.loss_mask
+    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+        """The clip on s_i (GSPO) or on s_{i,t} (GSPO-token); ``ratio_mean`` is s_i's token mean."""
+        c, mask = self.cfg, batch.loss_mask
         if c.importance_sampling_level == "sequence":
-            log_s = sequence_log_ratio(logps, old, mask)  # (B,)
-            has_tokens = mask.any(-1, keepdim=True)
-            adv = batch.advantages.gather(1, last_token_index(mask).clamp(min=0)[:, None])  # A_i, (B, 1)
-            seq_loss, seq_clipped = clipped_surrogate_loss(log_s[:, None], torch.zeros_like(adv), adv, has_tokens,
-                                                           c.clip_eps_low, c.clip_eps_high)
-            per_token = torch.where(mask, seq_loss.expand_as(logps), torch.zeros((), device=logps.device))
-            clipped = seq_clipped & mask
+            per_token, clipped = sequence_clipped_surrogate_loss(logps, old_logps, batch.advantages, mask,
+                                                                 c.clip_eps_low, c.clip_eps_high)
         else:
-            log_st = gspo_token_log_ratio(logps, old, mask)
+            log_st = gspo_token_log_ratio(logps, old_logps, mask)
             per_token, clipped = clipped_surrogate_loss(log_st, torch.zeros_like(log_st), batch.advantages, mask,
                                                         c.clip_eps_low, c.clip_eps_high)
-        metrics = {"sequence_clip_fraction": float(clipped.any(-1).float().mean())}
-        if batch.old_logps is None and batch.ref_logps is not None:  # one optimizer step: logps are pi_old's
-            metrics.update(drift_metrics(logps, batch.ref_logps, batch.completion_mask))
-        tokens = ratio_statistics(logps, old, mask, clipped)
-        n = float(mask.sum())
-        used = sequence_log_ratio(logps, old, mask).detach().exp()[:, None].expand_as(logps)
-        tokens["ratio_mean"] = (float(masked_sum(used, mask)), n)
-        tokens["entropy"] = (float(masked_sum(entropy, mask)), n)
-        if self.beta > 0 and self.objective.kl_placement == "as_loss":
-            kl_tokens = kl_loss(logps, batch.ref_logps, mask, self.objective.kl_estimator)
-            per_token = per_token + self.beta * kl_tokens
-            tokens["kl_loss"] = (float(masked_sum(kl_tokens.detach(), mask)), n)
-        return LossOutput(per_token, mask, metrics, tokens)
+        used = sequence_log_ratio(logps, old_logps, mask).detach().exp()[:, None].expand_as(logps)
+        return PolicyLoss(per_token, clipped, {"sequence_clip_fraction": float(clipped.any(-1).float().mean())},
+                          {"ratio_mean": (float(masked_sum(used, mask)), float(mask.sum()))})

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, check_beta
 from prefzoo.errors import ConfigError, PluginError
 from prefzoo.objective import kto_loss, sequence_logps
 from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch, SequenceBatch, UnpairedBatch
@@ -95,13 +95,11 @@ def balanced_desirable_weight(undesirable_weight: float, desirable: int, undesir
 class KTO(Algorithm):
     """KTO plugin: unpaired labelled rows, frozen reference, the Kahneman-Tversky value around z0."""
 
-    name = "kto"
     config_class = KTOConfig
 
     @staticmethod
     def validate_settings(cfg: KTOConfig, objective: ObjectiveSettings) -> None:
-        if not objective.beta > 0:
-            raise ConfigError(f"objective.beta={objective.beta}: KTO needs beta > 0 (the paper and TRL use 0.1).")
+        check_beta(objective, "KTO", "the paper and TRL use 0.1")
         for key in ("desirable_weight", "undesirable_weight"):
             value = getattr(cfg, key)
             if value is not None and not value > 0:

@@ -11,9 +11,11 @@ The judge (``judge``): ``reward`` -- the run's reward (any reward function, or a
 preference: the pair is dropped (weight 0, counted in ``frac_ties``); ``bradley_terry`` -- y_1 wins with
 probability sigmoid((r_1 - r_2) / ``bt_scale``), a stochastic annotator (one uniform per prompt, from a stream
 seeded by the prompt's rollout seed when the loop gives one, so it does not depend on how prompts are batched;
-else from the plugin's own generator, seeded 0). The loss types, label smoothing, IPO's averaged log-ratio and the
-divergence (``objective=forward_kl|js|alpha``) are those of ``algo=dpo``, from the same objective functions
-(:func:`prefzoo.objective.implicit_reward`, :func:`prefzoo.objective.pairwise_loss`).
+else from the plugin's own generator, seeded 0). The loss is DPO's, from the same code
+(:class:`prefzoo.algos.pairwise.DirectPreference`): every loss type of ``algo=dpo`` and weighted lists of them
+(``algo.loss_type``, ``algo.loss_weights``), label smoothing, IPO's averaged log-ratio, DiscoPOP's tau, bco_pair's
+running shift, and the divergence (``objective=forward_kl|js|alpha``); a tied pair takes no part in any link
+(nor in the batch sort of ``aot`` / ``aot_unpaired``).
 
 Departures and choices: the pairs are a :class:`~prefzoo.types.PreferenceBatch` (so no mini-batch or micro-batch
 splits a pair), with the reference's summed log-probs computed once at sampling time; the log-probs of both
@@ -28,8 +30,9 @@ distribution the pairs come from: pi* is the fixed point. The ``reward`` judge's
 margins of untied pairs are pushed without bound, towards the best-reward responses (no finite fixed point).
 
 Metrics: ``reward``, ``reward_std`` (of the samples), ``frac_ties`` (pairs dropped), ``kl`` (KL(pi || pi_ref)
-per sequence, k1 from the summed log-probs, nats), ``entropy`` (nats per token), and over the untied pairs
-``rewards/chosen`` / ``rewards/rejected`` (beta log(pi/pi_ref)), ``rewards/margins``, ``rewards/accuracies``.
+per sequence, k1 from the summed log-probs, nats), ``entropy`` (nats per token), and over the untied pairs DPO's
+(:mod:`prefzoo.algos.pairwise`: ``rewards/chosen`` / ``rewards/rejected`` (beta log(pi/pi_ref)),
+``rewards/margins``, ``rewards/accuracies``, ...).
 """
 
 from __future__ import annotations
@@ -40,52 +43,42 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
-from prefzoo.algos.sampled import ZERO_SPREAD_STEPS, sample_and_score
+from prefzoo.algos.base import Declaration, MetricWarning
+from prefzoo.algos.online import ZERO_SPREAD_STEPS, sample_and_score
+from prefzoo.algos.pairwise import DirectPreference, PairwiseConfig, check_pairwise_settings
 from prefzoo.errors import ConfigError
-from prefzoo.objective import PAIRWISE_LOSSES, get_divergence, implicit_reward, masked_sum, pairwise_loss, sequence_logps
-from prefzoo.types import ROLLOUT_SEED_COLUMN, LossOutput, ObjectiveSettings, Policy, PreferenceBatch, PromptBatch, Scorer
+from prefzoo.objective import sequence_logps
+from prefzoo.types import ROLLOUT_SEED_COLUMN, ObjectiveSettings, Policy, PreferenceBatch, PromptBatch, Scorer
 
 JUDGES = ("reward", "bradley_terry")
 
 
 @dataclass
-class OnlineDPOConfig(AlgoConfig):
+class OnlineDPOConfig(PairwiseConfig):
     name: str = "online_dpo"
     default_temperature: float = 0.7  # as GRPO: answers that differ on the arithmetic task
     default_batch_size: int = 8
-    loss_type: str = "sigmoid"  # the DPO family (prefzoo.objective.PAIRWISE_LOSSES)
-    label_smoothing: float = 0.0
-    ipo_average_log_ratio: bool = True
     judge: str = "reward"  # reward (higher wins, ties dropped) | bradley_terry (sampled, scale bt_scale)
     bt_scale: float = 1.0
 
 
 @register
-class OnlineDPO(Algorithm):
+class OnlineDPO(DirectPreference):
     """Online DPO plugin: two samples per prompt, judged by the run's reward, the DPO loss on the fresh pairs."""
 
-    name = "online_dpo"
     config_class = OnlineDPOConfig
 
     def __init__(self, cfg: OnlineDPOConfig, objective: ObjectiveSettings, sampling=None):
         super().__init__(cfg, objective, sampling)
-        self.divergence = get_divergence(objective.divergence, alpha=objective.alpha)
         self.generator = torch.Generator().manual_seed(0)  # the judge's draws when prompts carry no rollout seed
 
     @staticmethod
     def validate_settings(cfg: OnlineDPOConfig, objective: ObjectiveSettings) -> None:
-        if cfg.loss_type not in PAIRWISE_LOSSES:
-            raise ConfigError(f"algo.loss_type={cfg.loss_type!r} is unknown; choose one of {', '.join(PAIRWISE_LOSSES)}.")
-        if not 0 <= cfg.label_smoothing < 0.5:
-            raise ConfigError(f"algo.label_smoothing={cfg.label_smoothing} must be in [0, 0.5).")
+        check_pairwise_settings(cfg, objective, "Online DPO")
         if cfg.judge not in JUDGES:
             raise ConfigError(f"algo.judge={cfg.judge!r}; choose one of {', '.join(JUDGES)}.")
         if not cfg.bt_scale > 0:
             raise ConfigError(f"algo.bt_scale={cfg.bt_scale} must be > 0 (reward units per logit of preference).")
-        if not objective.beta > 0:
-            raise ConfigError(f"objective.beta={objective.beta}: Online DPO needs beta > 0 (beta scales the implicit "
-                              "reward; beta=0 has no optimum).")
 
     def declare(self) -> Declaration:
         ties = MetricWarning(  # judged by the reward, a tie is a pair of weight 0
@@ -125,48 +118,3 @@ class OnlineDPO(Algorithm):
             return torch.rand(len(prompts.prompt_ids), generator=self.generator)
         mix = lambda s: (int(s) * 6364136223846793005 + 1442695040888963407) % 2 ** 63  # noqa: E731
         return torch.stack([torch.rand(1, generator=torch.Generator().manual_seed(mix(s)))[0] for s in seeds])
-
-    def log_ratios(self, policy: Policy, batch: PreferenceBatch, with_entropy: bool = False) -> dict[str, Tensor]:
-        """log(pi/pi_ref) of chosen and rejected (B,) each -- summed, or averaged under IPO -- from one forward
-        pass over the 2B rows, the summed log-probs, and the per-token entropy when asked."""
-        both = batch.stacked()
-        logps, entropy = policy.logps(both, self.sampling.temperature, with_entropy=with_entropy)
-        if batch.ref_chosen_logps is None:  # held-out pairs from the data set
-            ref = sequence_logps(policy.ref_logps(both, self.sampling.temperature), both.completion_mask)
-            batch = PreferenceBatch(batch.chosen, batch.rejected, batch.index, ref[:len(batch)], ref[len(batch):])
-        seq = sequence_logps(logps, both.completion_mask)
-        b = len(batch)
-        chosen, rejected = seq[:b] - batch.ref_chosen_logps, seq[b:] - batch.ref_rejected_logps
-        if self.cfg.loss_type == "ipo" and self.cfg.ipo_average_log_ratio:
-            lengths = both.completion_mask.sum(-1).clamp(min=1).to(seq.dtype)
-            chosen, rejected = chosen / lengths[:b], rejected / lengths[b:]
-        return {"chosen": chosen, "rejected": rejected, "seq": seq, "entropy": entropy, "mask": both.completion_mask,
-                "kl": torch.cat([seq[:b] - batch.ref_chosen_logps, seq[b:] - batch.ref_rejected_logps])}
-
-    def rewards(self, chosen_ratio: Tensor, rejected_ratio: Tensor) -> tuple[Tensor, Tensor]:
-        """Implicit rewards beta f'(pi/pi_ref), float64 (the forward-KL and alpha links overflow float32)."""
-        return (implicit_reward(chosen_ratio.double(), self.beta, self.divergence),
-                implicit_reward(rejected_ratio.double(), self.beta, self.divergence))
-
-    def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
-        r = self.log_ratios(policy, batch, with_entropy=True)
-        chosen, rejected = self.rewards(r["chosen"], r["rejected"])
-        margin = chosen - rejected
-        weights = batch.weights if batch.weights is not None else torch.ones_like(r["chosen"])
-        losses = pairwise_loss(margin, self.cfg.loss_type, self.beta, self.cfg.label_smoothing).float() * weights
-        with torch.no_grad():
-            kept = weights > 0
-            n = float(kept.sum())
-            pair_sum = lambda x: float(x.double()[kept].sum())  # noqa: E731
-            tokens = {"rewards/chosen": (pair_sum(self.beta * r["chosen"]), n),
-                      "rewards/rejected": (pair_sum(self.beta * r["rejected"]), n),
-                      "rewards/margins": (pair_sum(margin), n), "rewards/accuracies": (pair_sum(margin > 0), n),
-                      "kl": (float(r["kl"].sum()), float(len(r["kl"]))),
-                      "entropy": (float(masked_sum(r["entropy"], r["mask"])), float(r["mask"].sum()))}
-        return LossOutput(losses, None, {}, tokens)
-
-    @torch.no_grad()
-    def implicit_rewards(self, policy: Policy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
-        """Held-out ranking: the implicit rewards of chosen and rejected, Shape (B,) each."""
-        r = self.log_ratios(policy, batch)
-        return self.rewards(r["chosen"], r["rejected"])

@@ -35,7 +35,8 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.objective import log_odds, log_odds_ratio, mean_logps, pairwise_loss, sequence_logps
+from prefzoo.algos.pairwise import forward_pairs
+from prefzoo.objective import log_odds, log_odds_ratio, pairwise_loss
 from prefzoo.types import LossOutput, Policy, PreferenceBatch
 
 
@@ -49,36 +50,26 @@ class ORPOConfig(AlgoConfig):
 class ORPO(Algorithm):
     """ORPO plugin: offline pairs, no reference, chosen NLL + lambda x the log odds-ratio loss."""
 
-    name = "orpo"
     config_class = ORPOConfig
 
     def declare(self) -> Declaration:
         return Declaration(reference=False, aggregation="example_mean", capabilities=frozenset({"implicit_rewards"}),
                            progress_keys=("loss", "rewards/accuracies", "log_odds_chosen"))
 
-    def _forward(self, policy: Policy, batch: PreferenceBatch) -> dict[str, Tensor]:
-        both = batch.stacked()
-        logps, _ = policy.logps(both)
-        b = len(batch)
-        mean = mean_logps(logps, both.completion_mask)
-        total = sequence_logps(logps, both.completion_mask)
-        return {"chosen_mean": mean[:b], "rejected_mean": mean[b:], "chosen_logps": total[:b],
-                "rejected_logps": total[b:]}
-
     def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
-        f = self._forward(policy, batch)
-        nll = -f["chosen_mean"]
-        ratio = log_odds_ratio(f["chosen_mean"], f["rejected_mean"])
+        f = forward_pairs(policy, batch)
+        nll = -f.chosen_mean
+        ratio = log_odds_ratio(f.chosen_mean, f.rejected_mean)
         losses = nll + self.beta * pairwise_loss(ratio, "sigmoid")
         with torch.no_grad():
-            chosen_rewards, rejected_rewards = self.beta * f["chosen_mean"], self.beta * f["rejected_mean"]
+            chosen_rewards, rejected_rewards = self.beta * f.chosen_mean, self.beta * f.rejected_mean
             gap = chosen_rewards - rejected_rewards
             metrics = {
                 "rewards/chosen": chosen_rewards.mean().item(), "rewards/rejected": rejected_rewards.mean().item(),
                 "rewards/margins": gap.mean().item(), "rewards/accuracies": (gap > 0).float().mean().item(),
                 "nll_loss": nll.mean().item(), "log_odds_ratio": F.logsigmoid(ratio).mean().item(),
                 "log_odds_chosen": ratio.mean().item(),
-                "logps/chosen": f["chosen_logps"].mean().item(), "logps/rejected": f["rejected_logps"].mean().item(),
+                "logps/chosen": f.chosen_logps.mean().item(), "logps/rejected": f.rejected_logps.mean().item(),
             }
         return LossOutput(losses, None, metrics)
 
@@ -86,5 +77,5 @@ class ORPO(Algorithm):
     def implicit_rewards(self, policy: Policy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """Held-out ranking: the log odds of chosen and of rejected, Shape (B,) each (what L_OR compares; the
         ranking of the mean log-probs, whatever lambda)."""
-        f = self._forward(policy, batch)
-        return log_odds(f["chosen_mean"]), log_odds(f["rejected_mean"])
+        f = forward_pairs(policy, batch)
+        return log_odds(f.chosen_mean), log_odds(f.rejected_mean)

@@ -67,11 +67,11 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.sampled import corrected_advantages, engine_correction
+from prefzoo.algos.online import (add_kl_loss, check_adaptive_start, corrected_advantages, drift_metrics,
+                                  engine_correction, sample_metrics)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (add_sequence_reward, clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
-                               kl_loss, kl_penalty_rewards, masked_mean, masked_sum, masked_whiten, ratio_statistics,
-                               sequence_kl)
+                               kl_penalty_rewards, masked_mean, masked_sum, masked_whiten, ratio_statistics)
 from prefzoo.types import Experience, LossOutput, ObjectiveSettings, PromptBatch, Scorer, ValueHeadSpec, ValuePolicy
 
 
@@ -98,7 +98,6 @@ class PPOConfig(AlgoConfig):
 class PPO(Algorithm):
     """PPO plugin: online rollouts, per-token KL penalty, GAE with a value model, clipped updates."""
 
-    name = "ppo"
     config_class = PPOConfig
 
     @staticmethod
@@ -117,8 +116,7 @@ class PPO(Algorithm):
                 raise ConfigError(f"algo.{key}={getattr(cfg, key)} must be >= 0.")
         if cfg.value_adapter not in ("separate", "shared"):
             raise ConfigError(f"algo.value_adapter={cfg.value_adapter!r}; choose separate or shared.")
-        if objective.kl_controller == "adaptive" and not objective.beta > 0:
-            raise ConfigError("the adaptive KL controller needs a starting objective.beta > 0.")
+        check_adaptive_start(objective)
 
     def declare(self) -> Declaration:
         # the reference is always loaded (with LoRA it is free): the KL is measured even when beta = 0
@@ -161,20 +159,15 @@ class PPO(Algorithm):
         is_weights, engine_metrics = engine_correction(samples, old_logps, self.sampling.is_correction_cap)
         advantages = corrected_advantages(advantages, is_weights)
 
-        lengths = mask.sum(-1).float()
-        metrics = {
-            "reward": scores.mean().item(), "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
+        metrics = dict(sample_metrics(samples, scores, t1 - t0), **drift_metrics(old_logps, ref_logps, mask))
+        metrics.update({
             "non_score_reward": kl_rewards.sum(-1).mean().item(),
             "reward_total": token_rewards.sum(-1).mean().item(),
-            "kl": sequence_kl(old_logps, ref_logps, mask, "k1").mean().item(),
-            "kl_k3": sequence_kl(old_logps, ref_logps, mask, "k3").mean().item(),
             "entropy": masked_mean(entropy, mask).item(),
             "explained_variance": explained_variance(old_values, returns, mask),
             "values_mean": masked_mean(old_values, mask).item(), "returns_mean": masked_mean(returns, mask).item(),
-            "completion_length": lengths.mean().item(), "frac_truncated": samples.truncated.float().mean().item(),
-            "generated_tokens_per_second": int(mask.sum()) / max(t1 - t0, 1e-9),
-            "time/generation": t1 - t0, "time/scoring": t2 - t1, "time/old_ref_values": t3 - t2,
-        }
+            "time/scoring": t2 - t1, "time/old_ref_values": t3 - t2,
+        })
         if c.entropy_coef:
             metrics["entropy_bonus"] = bonus.sum(-1).mean().item()
         metrics.update(engine_metrics)
@@ -183,7 +176,7 @@ class PPO(Algorithm):
                                        returns=returns), metrics
 
     def loss(self, policy: ValuePolicy, batch: Experience) -> LossOutput:
-        c, o = self.cfg, self.objective
+        c = self.cfg
         mask = batch.completion_mask
         logps, _, values = policy.logps_and_values(batch, self.sampling.temperature)
         policy_loss, policy_clipped = clipped_surrogate_loss(logps, batch.old_logps, batch.advantages, mask,
@@ -195,10 +188,7 @@ class PPO(Algorithm):
         tokens.update({"policy_loss": (float(masked_sum(policy_loss.detach(), mask)), n),
                        "value_loss": (float(masked_sum(value_loss.detach(), mask)), n),
                        "value_clip_fraction": (float((value_clipped & mask).sum()), n)})
-        if o.kl_placement == "as_loss" and self.beta > 0:
-            kl_tokens = kl_loss(logps, batch.ref_logps, mask, o.kl_estimator)
-            per_token = per_token + self.beta * kl_tokens
-            tokens["kl_loss"] = (float(masked_sum(kl_tokens.detach(), mask)), n)
+        per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens)
         return LossOutput(per_token, mask, {}, tokens)
 
     def after_step(self, metrics: dict[str, float], num_samples: int) -> dict[str, float]:

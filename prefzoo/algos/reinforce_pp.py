@@ -25,10 +25,8 @@ E r - beta KL(pi || pi_ref) times 1/std (centring by the batch mean is a baselin
 With ``baseline=group`` the group mean contains r_i itself, which shrinks the REWARD's gradient by (G-1)/G but
 not the penalty's: the fixed point is pi* at beta G/(G-1), the same shift as GRPO's KL loss.
 
-Metrics (the online schema): ``reward``, ``reward_std``, ``kl`` / ``kl_k3`` (KL(pi || pi_ref) per sequence,
-nats), ``non_score_reward`` (mean summed KL penalty), ``kl_loss``, ``clip_fraction``, ``ratio_mean``,
-``approx_kl`` (KL(pi_old || pi_theta) per token, k3), ``entropy``, ``return_std`` (std of the returns over this
-process's valid tokens; the advantages are divided by the global one), ``frac_zero_std_groups``, ``completion_length``, ``frac_truncated``; timings.
+Metrics: the online family's schema (:mod:`prefzoo.algos.online`), and ``return_std`` (std of the returns over
+this process's valid tokens; the advantages are divided by the global one).
 """
 
 from __future__ import annotations
@@ -39,40 +37,30 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.sampled import (add_kl_loss, check_rollout_settings, corrected_advantages, rollout_declaration,
-                                   sample_and_score, update_metrics)
+from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, check_online_settings,
+                                  check_policy_clip, online_declaration)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (add_sequence_reward, clipped_surrogate_loss, gae, group_advantages, kl_penalty_rewards,
-                               masked_var, masked_whiten)
-from prefzoo.types import Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, Scorer
+from prefzoo.objective import add_sequence_reward, clipped_surrogate_loss, gae, group_advantages, masked_var, masked_whiten
+from prefzoo.types import Experience, ObjectiveSettings
 
 BASELINES = ("none", "group")
 
 
 @dataclass
-class ReinforcePPConfig(AlgoConfig):
+class ReinforcePPConfig(OnlineConfig):
     name: str = "reinforce_pp"
     default_beta: float = 0.01  # OpenRLHF's init_kl_coef
-    default_kl_estimator: str = "k1"
-    default_kl_placement: str = "in_reward"
-    default_temperature: float = 0.7  # as GRPO: informative groups on the arithmetic task
-    default_batch_size: int = 8
     num_samples: int = 4  # completions per prompt
     baseline: str = "none"  # none (REINFORCE++) | group (REINFORCE++-baseline)
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     loss_aggregation: str = "dapo"  # grpo | dr_grpo | dapo
-    epochs: int = 1
-    num_minibatches: int = 1
-    mask_truncated: bool = False  # completions without EOS contribute no loss
 
 
 @register
-class ReinforcePP(Algorithm):
+class ReinforcePP(OnlinePolicyGradient):
     """REINFORCE++ plugin: token-level KL in the reward, reward-to-go, global batch normalisation, clipped surrogate."""
 
-    name = "reinforce_pp"
     config_class = ReinforcePPConfig
 
     @staticmethod
@@ -82,42 +70,23 @@ class ReinforcePP(Algorithm):
         if cfg.num_samples < (2 if cfg.baseline == "group" else 1):
             raise ConfigError(f"algo.num_samples={cfg.num_samples}: must be >= 1, and >= 2 with algo.baseline=group "
                               "(the group mean is the baseline).")
-        check_rollout_settings(cfg, objective)
+        check_online_settings(cfg, objective)
+        check_policy_clip(cfg)
 
-    def declare(self) -> Declaration:
+    def declare(self):
         # only the group baseline makes a group of equal rewards a zero advantage (the batch baseline whitens all rows)
-        return rollout_declaration(self, ("reward", "kl", "clip_fraction"), group_baseline=self.cfg.baseline == "group")
+        return online_declaration(self, ("reward", "kl", "clip_fraction"), group_baseline=self.cfg.baseline == "group")
 
-    def loss_mask(self, batch: Experience) -> Tensor:
-        return batch.loss_mask
-
-    @torch.no_grad()
-    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
-        c, o = self.cfg, self.objective
-        in_reward = self.beta > 0 and o.kl_placement == "in_reward"
-        several = c.epochs * c.num_minibatches > 1
-        r = sample_and_score(policy, prompts, score, c.num_samples, self.sampling, need_logps=in_reward or several)
-        mask = r.samples.completion_mask
-        scores = group_advantages(r.rewards, c.num_samples, "none", 0.0) if c.baseline == "group" else r.rewards
-        penalty = (kl_penalty_rewards(r.logps, r.ref_logps, mask, self.beta, o.kl_estimator) if in_reward
-                   else torch.zeros(mask.shape, device=mask.device))
-        token_rewards = add_sequence_reward(penalty, scores, mask)
-        returns, _ = gae(token_rewards, torch.zeros_like(token_rewards), mask, 1.0, 1.0)  # reward-to-go
+    def advantages(self, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """The whitened reward-to-go A_t = sum_{s >= t} r_s of r_s = penalty_s + [s = last] score, score = r (or r minus
+        its group mean, ``baseline=group``). Shape (B, T); the whitening's statistics are the global batch's."""
+        mask = rollout.samples.completion_mask
+        scores = (group_advantages(rollout.rewards, self.cfg.num_samples, "none", 0.0) if self.cfg.baseline == "group"
+                  else rollout.rewards)
+        returns, _ = gae(add_sequence_reward(penalty, scores, mask), torch.zeros_like(penalty), mask, 1.0, 1.0)
         advantages = masked_whiten(returns, mask, all_reduce=self.all_reduce)  # global batch statistics under DP
-        loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
-        metrics = dict(r.metrics, non_score_reward=penalty.sum(-1).mean().item(),
-                       return_std=float(masked_var(returns, mask)) ** 0.5)
-        advantages = corrected_advantages(advantages.float(), r.is_weights)  # rollout.is_correction_cap
-        return Experience.from_samples(r.samples, rewards=r.rewards, advantages=advantages, loss_mask=loss_mask,
-                                       old_logps=r.logps if several else None, ref_logps=r.ref_logps), metrics
+        return advantages, {"return_std": float(masked_var(returns, mask)) ** 0.5}
 
-    def loss(self, policy: Policy, batch: Experience) -> LossOutput:
-        c = self.cfg
-        logps, entropy = policy.logps(batch, self.sampling.temperature, with_entropy=True)
-        old = batch.old_logps if batch.old_logps is not None else logps.detach()
-        mask = batch.loss_mask
-        per_token, clipped = clipped_surrogate_loss(logps, old, batch.advantages, mask, c.clip_eps_low, c.clip_eps_high)
-        metrics, tokens = update_metrics(logps, old, mask, clipped, entropy, batch.ref_logps, batch.old_logps is None,
-                                         batch.completion_mask)
-        per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens)
-        return LossOutput(per_token, mask, metrics, tokens)
+    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+        return PolicyLoss(*clipped_surrogate_loss(logps, old_logps, batch.advantages, batch.loss_mask,
+                                                  self.cfg.clip_eps_low, self.cfg.clip_eps_high))

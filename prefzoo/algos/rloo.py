@@ -12,10 +12,18 @@ tokens of y_i, and the loss ``policy_loss``:
 
 * ``reinforce`` (the paper, default): -A_i log pi(y_{i,t}) per token (:func:`weighted_policy_gradient_loss`
   with no weight); only with one optimizer step per rollout (it has no importance correction);
-* ``clipped``: PPO's clipped surrogate on the ratio to the sampling policy (TRL's RLOO), which allows
-  ``epochs`` / ``num_minibatches`` > 1 (the log-probs at sampling time are then stored as ``old_logps``).
+* ``clipped``: PPO's clipped surrogate on each TOKEN's ratio to the sampling policy, pi(y_t)/pi_old(y_t), clipped
+  token by token (:func:`prefzoo.objective.clipped_surrogate_loss`: the completion is one action for the
+  advantage, but the trust region is per token, as PPO's);
+* ``clipped_sequence``: the clipped surrogate on the whole SEQUENCE's ratio pi(y)/pi_old(y) = exp(sum_t log ratio),
+  one clip decision per completion (:func:`prefzoo.objective.sequence_clipped_surrogate_loss`, unnormalised):
+  TRL 1.16's RLOOTrainer. With ``loss_aggregation=grpo`` the loss is TRL's, the mean over completions of
+  -min(s A, clip(s) A).
 
-With one optimizer step per rollout the two have the same gradient (the ratio is exactly 1).
+Both clipped losses allow ``epochs`` / ``num_minibatches`` > 1 (the log-probs at sampling time are then stored as
+``old_logps``). With one optimizer step per rollout all three have the same gradient direction per completion (the
+ratio is exactly 1); ``clipped_sequence``'s is sum_t grad log pi(y_t) per completion (the paper's sequence-level
+estimator) where the other two, under ``loss_aggregation=grpo``, average it over the tokens.
 
 ``loss_aggregation`` as GRPO's (``grpo``: mean over each sequence's tokens then over sequences, the default, so
 that a learning rate tuned for GRPO carries over; ``dr_grpo``: sum over tokens / (B x max_new_tokens), which is
@@ -26,10 +34,8 @@ Where it converges (``docs/conformance.md``): b_i does not depend on y_i, so E[A
 the gradient of E[R]. With k1 in the reward the fixed point is pi* = pi_ref exp(r/beta)/Z; with k2 as a loss it
 is pi* at beta itself, where GRPO's group mean (which contains r_i) lands at beta G/(G-1).
 
-Metrics (the online schema): ``reward``, ``reward_std``, ``kl`` / ``kl_k3`` (KL(pi || pi_ref) per sequence,
-nats), ``non_score_reward`` (mean of the summed KL penalty in the reward), ``kl_loss``, ``clip_fraction`` (0 for
-``reinforce``), ``ratio_mean``, ``approx_kl`` (KL(pi_old || pi_theta) per token, k3), ``entropy``,
-``frac_zero_std_groups``, ``completion_length``, ``frac_truncated``; timings.
+Metrics: the online family's schema (:mod:`prefzoo.algos.online`); ``clip_fraction`` is 0 for ``reinforce``;
+``ratio_mean`` is the token mean of the ratio the loss used (the sequence ratio under ``clipped_sequence``).
 """
 
 from __future__ import annotations
@@ -40,90 +46,57 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.sampled import (add_kl_loss, check_rollout_settings, corrected_advantages, rollout_declaration,
-                                   sample_and_score, update_metrics)
+from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, check_online_settings,
+                                  check_policy_clip)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (clipped_surrogate_loss, kl_penalty_rewards, leave_one_out_advantages,
-                               weighted_policy_gradient_loss)
-from prefzoo.types import Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, Scorer
+from prefzoo.objective import (clipped_surrogate_loss, leave_one_out_advantages, masked_sum,
+                               sequence_clipped_surrogate_loss, sequence_log_ratio, weighted_policy_gradient_loss)
+from prefzoo.types import Experience, ObjectiveSettings
 
-POLICY_LOSSES = ("reinforce", "clipped")
+POLICY_LOSSES = ("reinforce", "clipped", "clipped_sequence")
 
 
 @dataclass
-class RLOOConfig(AlgoConfig):
+class RLOOConfig(OnlineConfig):
     name: str = "rloo"
     default_beta: float = 0.05  # TRL's RLOOConfig kl_coef
-    default_kl_estimator: str = "k1"
-    default_kl_placement: str = "in_reward"
-    default_temperature: float = 0.7  # as GRPO: informative groups on the arithmetic task
-    default_batch_size: int = 8
     num_samples: int = 4  # k, completions per prompt
-    policy_loss: str = "reinforce"  # reinforce | clipped
-    clip_eps_low: float = 0.2  # policy_loss=clipped only
+    policy_loss: str = "reinforce"  # reinforce | clipped (per-token ratio) | clipped_sequence (TRL 1.16's)
+    clip_eps_low: float = 0.2  # policy_loss=clipped / clipped_sequence only
     clip_eps_high: float = 0.2
-    loss_aggregation: str = "grpo"  # grpo | dr_grpo | dapo
-    epochs: int = 1
-    num_minibatches: int = 1
-    mask_truncated: bool = False  # completions without EOS contribute no loss
 
 
 @register
-class RLOO(Algorithm):
-    """RLOO plugin: k samples per prompt, leave-one-out baseline, REINFORCE or the clipped surrogate."""
+class RLOO(OnlinePolicyGradient):
+    """RLOO plugin: k samples per prompt, leave-one-out baseline, REINFORCE or a clipped surrogate."""
 
-    name = "rloo"
     config_class = RLOOConfig
+    progress_keys = ("reward", "kl", "entropy")
 
     @staticmethod
     def validate_settings(cfg: RLOOConfig, objective: ObjectiveSettings) -> None:
-        if cfg.num_samples < 2:
-            raise ConfigError(f"algo.num_samples={cfg.num_samples}: RLOO needs at least 2 completions per prompt "
-                              "(the others are each one's baseline).")
+        check_online_settings(cfg, objective, min_samples=2, why="the others are each one's baseline")
         if cfg.policy_loss not in POLICY_LOSSES:
             raise ConfigError(f"algo.policy_loss={cfg.policy_loss!r}; choose one of {', '.join(POLICY_LOSSES)}.")
         if cfg.policy_loss == "reinforce" and cfg.epochs * cfg.num_minibatches > 1:
             raise ConfigError(f"algo.policy_loss=reinforce with algo.epochs={cfg.epochs} and algo.num_minibatches="
                               f"{cfg.num_minibatches}: REINFORCE has no importance correction, so it takes one "
                               "optimizer step per rollout; use algo.policy_loss=clipped for several.")
-        check_rollout_settings(cfg, objective)
+        check_policy_clip(cfg)
 
-    def declare(self) -> Declaration:
-        return rollout_declaration(self, ("reward", "kl", "entropy"))
+    def advantages(self, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """A_i = R_i - mean of the other k - 1 R_j of its prompt, R = r + sum_t penalty_t. Shape (B,)."""
+        return leave_one_out_advantages(rollout.rewards + penalty.sum(-1), self.cfg.num_samples), {}
 
-    def loss_mask(self, batch: Experience) -> Tensor:
-        return batch.loss_mask
-
-    @torch.no_grad()
-    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
-        c, o = self.cfg, self.objective
-        in_reward = self.beta > 0 and o.kl_placement == "in_reward"
-        several = c.epochs * c.num_minibatches > 1
-        r = sample_and_score(policy, prompts, score, c.num_samples, self.sampling, need_logps=in_reward or several)
-        mask = r.samples.completion_mask
-        shaped = r.rewards
-        if in_reward:
-            shaped = r.rewards + kl_penalty_rewards(r.logps, r.ref_logps, mask, self.beta, o.kl_estimator).sum(-1)
-        advantages = leave_one_out_advantages(shaped, c.num_samples)
-        loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
-        metrics = dict(r.metrics, non_score_reward=(shaped - r.rewards).mean().item())
-        token_advantages = torch.where(mask, advantages[:, None], torch.zeros((), device=mask.device))
-        token_advantages = corrected_advantages(token_advantages, r.is_weights)  # rollout.is_correction_cap
-        return Experience.from_samples(r.samples, rewards=r.rewards, advantages=token_advantages, loss_mask=loss_mask,
-                                       old_logps=r.logps if several else None, ref_logps=r.ref_logps), metrics
-
-    def loss(self, policy: Policy, batch: Experience) -> LossOutput:
-        c = self.cfg
-        logps, entropy = policy.logps(batch, self.sampling.temperature, with_entropy=True)
-        old = batch.old_logps if batch.old_logps is not None else logps.detach()
-        mask = batch.loss_mask
+    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+        c, mask = self.cfg, batch.loss_mask
         if c.policy_loss == "reinforce":
-            per_token, clipped = weighted_policy_gradient_loss(logps, batch.advantages, mask), torch.zeros_like(mask)
-        else:
-            per_token, clipped = clipped_surrogate_loss(logps, old, batch.advantages, mask, c.clip_eps_low,
-                                                        c.clip_eps_high)
-        metrics, tokens = update_metrics(logps, old, mask, clipped, entropy, batch.ref_logps, batch.old_logps is None,
-                                         batch.completion_mask)
-        per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens)
-        return LossOutput(per_token, mask, metrics, tokens)
+            return PolicyLoss(weighted_policy_gradient_loss(logps, batch.advantages, mask), torch.zeros_like(mask))
+        if c.policy_loss == "clipped":
+            return PolicyLoss(*clipped_surrogate_loss(logps, old_logps, batch.advantages, mask, c.clip_eps_low,
+                                                      c.clip_eps_high))
+        per_token, clipped = sequence_clipped_surrogate_loss(logps, old_logps, batch.advantages, mask, c.clip_eps_low,
+                                                             c.clip_eps_high, length_normalised=False)
+        used = sequence_log_ratio(logps, old_logps, mask, length_normalised=False).detach().exp()[:, None]
+        return PolicyLoss(per_token, clipped,
+                          tokens={"ratio_mean": (float(masked_sum(used.expand_as(logps), mask)), float(mask.sum()))})

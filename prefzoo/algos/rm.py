@@ -53,7 +53,6 @@ class RMConfig(AlgoConfig):
 class RewardModelling(Algorithm):
     """``algo=rm``: fit a scalar reward model to preference pairs (Bradley-Terry)."""
 
-    name = "rm"
     config_class = RMConfig
 
     @staticmethod

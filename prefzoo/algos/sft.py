@@ -21,7 +21,8 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.objective import mean_logps, sequence_logps
+from prefzoo.algos.pairwise import forward_pairs
+from prefzoo.objective import sequence_logps
 from prefzoo.types import LossOutput, Policy, PreferenceBatch
 
 
@@ -35,7 +36,6 @@ class SFTConfig(AlgoConfig):
 class SFT(Algorithm):
     """SFT plugin: offline pairs, no reference, per-token NLL of the chosen completions (token mean)."""
 
-    name = "sft"
     config_class = SFTConfig
 
     def declare(self) -> Declaration:
@@ -54,7 +54,5 @@ class SFT(Algorithm):
     @torch.no_grad()
     def implicit_rewards(self, policy: Policy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """Held-out ranking: the mean token log-prob of chosen and of rejected, Shape (B,) each."""
-        both = batch.stacked()
-        logps, _ = policy.logps(both)
-        mean = mean_logps(logps, both.completion_mask)
-        return mean[: len(batch)], mean[len(batch):]
+        f = forward_pairs(policy, batch)
+        return f.chosen_mean, f.rejected_mean

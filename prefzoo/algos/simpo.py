@@ -23,9 +23,10 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, check_beta
+from prefzoo.algos.pairwise import forward_pairs
 from prefzoo.errors import ConfigError
-from prefzoo.objective import mean_logps, pairwise_loss, sequence_logps
+from prefzoo.objective import pairwise_loss
 from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch
 
 
@@ -42,14 +43,11 @@ class SimPOConfig(AlgoConfig):
 class SimPO(Algorithm):
     """SimPO plugin: offline pairs, no reference, length-normalised implicit reward with a margin."""
 
-    name = "simpo"
     config_class = SimPOConfig
 
     @staticmethod
     def validate_settings(cfg: SimPOConfig, objective: ObjectiveSettings) -> None:
-        if not objective.beta > 0:
-            raise ConfigError(f"objective.beta={objective.beta}: SimPO needs beta > 0 (the reward scale; the paper "
-                              "uses 2.0-2.5).")
+        check_beta(objective, "SimPO", "the reward scale; the paper uses 2.0-2.5")
         if cfg.sft_weight < 0:
             raise ConfigError(f"algo.sft_weight={cfg.sft_weight} must be >= 0.")
         if not 0 <= cfg.label_smoothing < 0.5:
@@ -63,33 +61,24 @@ class SimPO(Algorithm):
     def gamma(self) -> float:
         return self.cfg.gamma_beta_ratio * self.beta
 
-    def _forward(self, policy: Policy, batch: PreferenceBatch) -> dict[str, Tensor]:
-        both = batch.stacked()
-        logps, _ = policy.logps(both)
-        b = len(batch)
-        mean = mean_logps(logps, both.completion_mask)
-        total = sequence_logps(logps, both.completion_mask)
-        return {"chosen_mean": mean[:b], "rejected_mean": mean[b:], "chosen_logps": total[:b],
-                "rejected_logps": total[b:]}
-
     def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
-        f = self._forward(policy, batch)
-        chosen_rewards, rejected_rewards = self.beta * f["chosen_mean"], self.beta * f["rejected_mean"]
+        f = forward_pairs(policy, batch)
+        chosen_rewards, rejected_rewards = self.beta * f.chosen_mean, self.beta * f.rejected_mean
         margin = chosen_rewards - rejected_rewards - self.gamma
         losses = pairwise_loss(margin, "sigmoid", self.beta, self.cfg.label_smoothing)
         if self.cfg.sft_weight:
-            losses = losses - self.cfg.sft_weight * f["chosen_mean"]
+            losses = losses - self.cfg.sft_weight * f.chosen_mean
         with torch.no_grad():
             gap = chosen_rewards - rejected_rewards
             metrics = {
                 "rewards/chosen": chosen_rewards.mean().item(), "rewards/rejected": rejected_rewards.mean().item(),
                 "rewards/margins": gap.mean().item(), "rewards/accuracies": (gap > 0).float().mean().item(),
-                "logps/chosen": f["chosen_logps"].mean().item(), "logps/rejected": f["rejected_logps"].mean().item(),
+                "logps/chosen": f.chosen_logps.mean().item(), "logps/rejected": f.rejected_logps.mean().item(),
             }
         return LossOutput(losses, None, metrics)
 
     @torch.no_grad()
     def implicit_rewards(self, policy: Policy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """Held-out ranking: beta times the mean log-prob of chosen and of rejected, Shape (B,) each."""
-        f = self._forward(policy, batch)
-        return self.beta * f["chosen_mean"], self.beta * f["rejected_mean"]
+        f = forward_pairs(policy, batch)
+        return self.beta * f.chosen_mean, self.beta * f.rejected_mean

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import datasets
 
-from prefzoo.types import PromptBatch
+from prefzoo.types import PROMPT_MESSAGES, PromptBatch
 from prefzoo.data.files import ORIGIN, bad_row_error, prompt_problem, row_label, row_problem
 from prefzoo.data.preference import load_table, pad_rows, prompt_text
 from prefzoo.errors import DataError
@@ -44,8 +44,6 @@ class PromptSet:
         cols = {k: [v[i] for i in indices] for k, v in self.columns.items()}
         cols["prompt_text"] = [self.texts[i] for i in indices]
         if self.raw is not None and any(not isinstance(self.raw[i], str) for i in indices):
-            from prefzoo.rewards.protocol import PROMPT_MESSAGES
-
             cols[PROMPT_MESSAGES] = [self.raw[i] for i in indices]  # chat messages: TRL-style rewards get them
         return PromptBatch(ids, mask, cols)
 

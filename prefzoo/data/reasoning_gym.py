@@ -311,7 +311,7 @@ class ReasoningGymTask(_GeneratedTask):
         """``number`` reads the reply's last number: refuse it for a task whose answers are not numbers."""
         if self.answer_format != "number":
             return
-        from prefzoo.rewards.arithmetic import NUMBER_PATTERN
+        from prefzoo.text import NUMBER_PATTERN
 
         for row in rows:
             if not NUMBER_PATTERN.fullmatch(row["answer"].strip()):

@@ -8,31 +8,12 @@ different prompts.
 
 from __future__ import annotations
 
-import re
-
-WORD = re.compile(r"\w+|[^\w\s]")
+from prefzoo.text import distinct_n, words  # noqa: F401 (distinct-n lives with the text helpers, prefzoo.text)
 
 
-def words(text: str) -> list[str]:
-    """Lower-cased word and punctuation tokens (so '!!!' counts as three '!' tokens)."""
-    return WORD.findall(text.lower())
-
-
-def distinct_n(texts: list[str], n: int) -> float:
-    """Distinct-n of a set of texts: unique n-grams / total n-grams over all of them (Li et al. 2016, sec. 4).
-
-    Returns 0.0 when the texts hold no n-gram. Units: a fraction in [0, 1].
-    """
-    grams = []
-    for t in texts:
-        w = words(t)
-        grams += [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 0.0
-
-
-def grouped_distinct_n(texts: list[str], group_size: int, n: int) -> float:
-    """Mean over prompts of distinct-n among that prompt's ``group_size`` consecutive samples."""
-    groups = [texts[i:i + group_size] for i in range(0, len(texts), group_size)]
+def grouped_distinct_n(texts: list[str], num_samples: int, n: int) -> float:
+    """Mean over prompts of distinct-n among that prompt's ``num_samples`` consecutive samples."""
+    groups = [texts[i:i + num_samples] for i in range(0, len(texts), num_samples)]
     return sum(distinct_n(g, n) for g in groups) / max(1, len(groups))
 
 

@@ -71,12 +71,12 @@ class Evaluator:
         preference_examples: held-out preference pairs, or None.
         implicit_rewards: ``(policy, pair batch) -> (chosen rewards (B,), rejected rewards (B,))``, the plugin's
             held-out ranking (its declared capability ``implicit_rewards``), or None: no preference accuracy.
-        group_size: k for pass@k (the online algorithms' group size), or 0 to skip.
+        num_samples: k for pass@k (the online algorithms' group size), or 0 to skip.
         gold_reward_fn: a second reward, the gold standard the run's (proxy) reward stands in for, or None.
     """
 
     def __init__(self, policy, reward_fn, prompts, cfg, *, correctness_fn=None, preference_examples=None,
-                 implicit_rewards=None, group_size: int = 0, seed: int = 0, progress: bool = True, gold_reward_fn=None):
+                 implicit_rewards=None, num_samples: int = 0, seed: int = 0, progress: bool = True, gold_reward_fn=None):
         self.policy, self.reward_fn, self.cfg = policy, reward_fn, cfg
         self.prompts = prompts.subset(min(cfg.num_problems, len(prompts))) if prompts is not None else None
         self.correctness_fn = correctness_fn
@@ -84,7 +84,7 @@ class Evaluator:
         self._unusable: set[str] = set()  # reward functions that could not score these prompts (warned once)
         self.preference_examples = preference_examples
         self.implicit_rewards = implicit_rewards
-        self.group_size, self.seed, self.progress = group_size, seed, progress
+        self.num_samples, self.seed, self.progress = num_samples, seed, progress
 
     def _decode(self, samples) -> list[str]:
         ids = samples.completion_ids.masked_fill(~samples.completion_mask, self.policy.pad_id)
@@ -182,7 +182,7 @@ class Evaluator:
 
     @torch.no_grad()
     def pass_at_k(self) -> dict:
-        k = self.group_size
+        k = self.num_samples
         n = min(self.cfg.pass_k_problems, len(self.prompts))
         params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
         solved = []
@@ -213,7 +213,7 @@ class Evaluator:
             if self.prompts is not None and len(self.prompts):
                 out.update(self.task_metrics())
                 out.update(self.sampled_metrics())
-                if self.group_size > 1 and self.correctness_fn is not None and "correctness" not in self._unusable:
+                if self.num_samples > 1 and self.correctness_fn is not None and "correctness" not in self._unusable:
                     out.update(self.pass_at_k())
             if self.preference_examples and self.implicit_rewards is not None:
                 out.update(self.preference_metrics())

@@ -21,10 +21,10 @@ OOD_PREFIX = "ood_"
 OOD_METRICS = tuple(n for n in WITH_SE + WITHOUT_SE if n != "preference_accuracy")
 
 
-def metric_names(group_size: int = 0, ood: bool = False) -> list[str]:
-    """Every numeric metric an evaluation can report (``pass_at_<group_size>`` when ``group_size > 1``; the shifted
+def metric_names(num_samples: int = 0, ood: bool = False) -> list[str]:
+    """Every numeric metric an evaluation can report (``pass_at_<num_samples>`` when ``num_samples > 1``; the shifted
     task's ``ood_*`` when ``ood``)."""
-    names = list(WITH_SE) + list(WITHOUT_SE) + ([f"pass_at_{group_size}"] if group_size > 1 else [])
+    names = list(WITH_SE) + list(WITHOUT_SE) + ([f"pass_at_{num_samples}"] if num_samples > 1 else [])
     names += [OOD_PREFIX + n for n in OOD_METRICS] if ood else []
     with_se = set(WITH_SE) | {OOD_PREFIX + n for n in WITH_SE}
     return names + [f"{n}_se" for n in names if n in with_se or n.startswith("pass_at_")]

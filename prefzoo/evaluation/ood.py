@@ -50,7 +50,7 @@ class OODEvaluator:
         cfg = copy.copy(eval_cfg)
         cfg.num_problems = len(prompts)
         self.evaluator = Evaluator(main.policy, main.reward_fn, prompts, cfg, correctness_fn=correctness_fn,
-                                   group_size=0, seed=main.seed, progress=main.progress,
+                                   num_samples=0, seed=main.seed, progress=main.progress,
                                    gold_reward_fn=main.gold_reward_fn)
 
     def run(self) -> dict:

@@ -191,7 +191,7 @@ def zoo_online_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
         Case("GSPO-token k1 in reward, 4 mini-batches", "gspo", dict(grouped, importance_sampling_level="sequence_token"),
              k1r, "pi*", star),
         Case("CISPO k1 in reward, eps 0.02, 4 mini-batches", "cispo",
-             dict(grouped, clip_eps_low=0.02, clip_eps_high=0.02), k1r, "pi* (weights move steps, not fixed points)",
+             dict(grouped, is_clip_eps_low=0.02, is_clip_eps_high=0.02), k1r, "pi* (weights move steps, not fixed points)",
              star),
         Case("CISPO k2 as loss, G=4", "cispo", dict(num_samples=4, scale_rewards="none"), k2l,
              f"pi* at beta 4/3 = {beta * 4 / 3:.4g} (GRPO's group mean)", shifted, steps=300),

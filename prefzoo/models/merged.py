@@ -115,3 +115,9 @@ class MergedCopy:
             self._merge()
             self._stamp = stamp
         return self._copy
+
+
+def merged_copy(model: nn.Module) -> MergedCopy | None:
+    """A :class:`MergedCopy` of ``model`` when it can be merged (:func:`can_merge`), else None: the factory the hf
+    rollout engine takes (:class:`prefzoo.rollout.engine.HFEngine`)."""
+    return MergedCopy(model) if can_merge(model) else None

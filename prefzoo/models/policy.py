@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
 from prefzoo.errors import ModelError
 from prefzoo.models.reference import Reference
+from prefzoo.models.merged import merged_copy
 from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
 from prefzoo.objective import linear_token_logps, token_entropy, token_logps
 from prefzoo.rollout.engine import HFEngine, RolloutEngine
@@ -211,7 +212,7 @@ class CausalLMPolicy:
         self.pad_id = tokenizer.pad_token_id
         eos = tokenizer.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
-        self.engine: RolloutEngine = engine if engine is not None else HFEngine(merged_rollout)
+        self.engine: RolloutEngine = engine if engine is not None else HFEngine(merged_copy if merged_rollout else None)
 
     @property
     def device(self) -> torch.device:

@@ -21,8 +21,8 @@ Map (one idea per module):
     advantages.py   group-relative advantages (GRPO / Dr. GRPO), leave-one-out (RLOO), GAE (PPO), the sequence
                     reward on the last token
     surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance
-    importance.py   GSPO's sequence ratio (and GSPO-token's), CISPO's clipped IS weight, -sg(w) A log pi, a rollout
-                    engine's log-prob mismatch and its truncated IS weights
+    importance.py   GSPO's sequence ratio (and GSPO-token's) and the sequence-level clip, CISPO's clipped IS weight,
+                    -sg(w) A log pi, a rollout engine's log-prob mismatch and its truncated IS weights
     pairwise.py     pairwise links on a pair's scores: Bradley-Terry sigmoid (cDPO smoothing), IPO, hinge,
                     rDPO, EXO, NCA, SPPO, APO, BCO, DiscoPOP, AOT, the chosen NLL
     odds.py         the log odds of a completion and ORPO's log odds ratio, stable near P = 1
@@ -81,8 +81,8 @@ from .odds import log_odds, log_odds_ratio
 from .prospect import kto_loss
 from .pairwise import PAIRWISE_LOSSES, PairScores, bradley_terry_loss, pairwise_loss
 from .surrogate import clipped_surrogate_loss, clipped_value_loss, explained_variance, ratio_statistics
-from .importance import (clipped_is_weight, gspo_token_log_ratio, sampler_mismatch, sequence_log_ratio,
-                         truncated_is_weights, weighted_policy_gradient_loss)
+from .importance import (clipped_is_weight, gspo_token_log_ratio, sampler_mismatch, sequence_clipped_surrogate_loss,
+                         sequence_log_ratio, truncated_is_weights, weighted_policy_gradient_loss)
 
 __all__ = [
     # errors
@@ -140,6 +140,7 @@ __all__ = [
     # importance
     "sequence_log_ratio",
     "gspo_token_log_ratio",
+    "sequence_clipped_surrogate_loss",
     "clipped_is_weight",
     "weighted_policy_gradient_loss",
     "sampler_mismatch",

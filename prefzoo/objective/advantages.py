@@ -35,13 +35,13 @@ ADVANTAGE_SCALES = ("group", "batch", "none")
 _EQUAL_ULPS = 8
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
+def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
                      eps: float,
                      all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Group-relative advantages: each reward minus the mean of its prompt's group, scaled.
 
-    ``rewards`` holds ``num_prompts * group_size`` sequence rewards; consecutive blocks of
-    ``group_size`` belong to one prompt. With mean_g and std_g the group's mean and UNBIASED
+    ``rewards`` holds ``num_prompts * num_samples`` sequence rewards; consecutive blocks of
+    ``num_samples`` belong to one prompt. With mean_g and std_g the group's mean and UNBIASED
     sample standard deviation (Bessel's correction, torch's default; the paper writes std(r)
     without saying which):
 
@@ -64,13 +64,13 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
     deviations from the global mean]`` (shape (1,)); std_B is then the unbiased std of the
     global batch. Default None: one process (torch's ``std`` of the local batch).
 
-    Shape: rewards (B,) -> (B,) in rewards' (floating) dtype; B = num_prompts * group_size
+    Shape: rewards (B,) -> (B,) in rewards' (floating) dtype; B = num_prompts * num_samples
     sampled completions. Broadcast over the completion tokens by the caller.
     Units: rewards' units for "none"; standard deviations (dimensionless) otherwise.
 
     Raises:
         ObjectiveError: rewards not 1-D or not floating point; rewards with NaN/inf (a host
-            sync); group_size not a positive int; B not divisible by group_size; unknown scale
+            sync); num_samples not a positive int; B not divisible by num_samples; unknown scale
             (lists ADVANTAGE_SCALES); eps < 0.
 
     Source: Shao et al. 2024, "DeepSeekMath", sec. 4.1.2 (outcome supervision: the normalised
@@ -80,20 +80,20 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
     check_ndim("rewards", rewards, 1, "(B,) — one reward per completion")
     if not rewards.is_floating_point():
         raise ObjectiveError(f"rewards must be floating point, got {rewards.dtype}; use .float()")
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-        raise ObjectiveError(f"group_size must be a positive int, got {group_size!r}")
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
+        raise ObjectiveError(f"num_samples must be a positive int, got {num_samples!r}")
     check_choice("scale", scale, ADVANTAGE_SCALES)
     eps = check_number("eps", eps, low=0.0)
     n = rewards.shape[0]
-    if n % group_size != 0:
+    if n % num_samples != 0:
         raise ObjectiveError(
-            f"the batch has {n} rewards, which is not a multiple of group_size={group_size}; "
-            "rewards must hold num_prompts * group_size entries, grouped consecutively"
+            f"the batch has {n} rewards, which is not a multiple of num_samples={num_samples}; "
+            "rewards must hold num_prompts * num_samples entries, grouped consecutively"
         )
     if not bool(torch.isfinite(rewards).all()):
         raise ObjectiveError("rewards contain NaN or inf; check the reward function")
 
-    r = rewards.detach().double().view(-1, group_size)
+    r = rewards.detach().double().view(-1, num_samples)
     centred = r - r.mean(dim=1, keepdim=True)
     magnitude = r.abs().amax(dim=1, keepdim=True)
     spread = r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)
@@ -102,7 +102,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
     centred = torch.where(spread <= noise, torch.zeros_like(centred), centred)
 
     if scale == "group":
-        std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
+        std = r.std(dim=1, keepdim=True) if num_samples > 1 else torch.zeros_like(r[:, :1])
         advantages = _scaled(centred, std + eps)
     elif scale == "batch":
         if all_reduce is None:
@@ -115,10 +115,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str,
     return advantages.reshape(-1).to(rewards.dtype)
 
 
-def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def leave_one_out_advantages(rewards: torch.Tensor, num_samples: int) -> torch.Tensor:
     """RLOO advantages: each reward minus the mean reward of the OTHER completions of its prompt.
 
-    With G = ``group_size`` consecutive rewards per prompt,
+    With G = ``num_samples`` consecutive rewards per prompt,
 
         A_i = r_i - b_i,   b_i = 1/(G-1) sum_{j != i} r_j   =  G/(G-1) (r_i - mean_g)
 
@@ -135,21 +135,21 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Te
     Units: reward units.
 
     Raises:
-        ObjectiveError: rewards not 1-D floating point, or with NaN/inf; group_size not an int >= 2 (one
-            sample has no other member to be its baseline); B not a multiple of group_size.
+        ObjectiveError: rewards not 1-D floating point, or with NaN/inf; num_samples not an int >= 2 (one
+            sample has no other member to be its baseline); B not a multiple of num_samples.
 
     Source: Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (the leave-one-out baseline
     b_i = 1/(k-1) sum_{j != i} R(y_j)); Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
     Optimization for Learning from Human Feedback in LLMs" (RLOO).
     """
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
-        raise ObjectiveError(f"group_size must be an int of at least 2 for a leave-one-out baseline, got "
-                             f"{group_size!r}; sample G >= 2 completions per prompt")
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 2:
+        raise ObjectiveError(f"num_samples must be an int of at least 2 for a leave-one-out baseline, got "
+                             f"{num_samples!r}; sample G >= 2 completions per prompt")
     check_ndim("rewards", rewards, 1, "(B,) — one reward per completion")
     if not rewards.is_floating_point():
         raise ObjectiveError(f"rewards must be floating point, got {rewards.dtype}; use .float()")
-    centred = group_advantages(rewards.detach(), group_size, "none", 0.0).double()
-    return (centred * (group_size / (group_size - 1))).to(rewards.dtype)
+    centred = group_advantages(rewards.detach(), num_samples, "none", 0.0).double()
+    return (centred * (num_samples / (num_samples - 1))).to(rewards.dtype)
 
 
 def _scaled(centred: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """Importance ratios and weights beyond PPO's per-token ratio: GSPO's sequence ratio, CISPO's clipped weight.
 
-- :func:`sequence_log_ratio`: log of GSPO's length-normalised sequence ratio s_i (Zheng et al. 2025).
+- :func:`sequence_log_ratio`: log of GSPO's length-normalised sequence ratio s_i (Zheng et al. 2025), or of the
+  whole sequence's ratio pi(y)/pi_old(y) (``length_normalised=False``).
 - :func:`gspo_token_log_ratio`: GSPO-token's per-token ratio, the value of s_i with a per-token gradient.
+- :func:`sequence_clipped_surrogate_loss`: PPO's clipped surrogate on a sequence ratio, one clip decision per
+  sequence (GSPO; TRL 1.16's RLOO on the whole sequence's ratio).
 - :func:`clipped_is_weight`: CISPO's clipped importance-sampling weight, detached (MiniMax-M1 2025).
 - :func:`weighted_policy_gradient_loss`: -sg(w) A log pi per token (CISPO; REINFORCE when w = 1).
 - :func:`sampler_mismatch` / :func:`truncated_is_weights`: how far a rollout engine's log-probs are from the
@@ -17,8 +20,8 @@ import torch
 
 from .errors import ObjectiveError, check_mask, check_ndim, check_number, check_same_shape
 
-__all__ = ["sequence_log_ratio", "gspo_token_log_ratio", "clipped_is_weight", "weighted_policy_gradient_loss",
-           "sampler_mismatch", "truncated_is_weights"]
+__all__ = ["sequence_log_ratio", "gspo_token_log_ratio", "sequence_clipped_surrogate_loss", "clipped_is_weight",
+           "weighted_policy_gradient_loss", "sampler_mismatch", "truncated_is_weights"]
 
 
 def _is_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -29,25 +32,32 @@ def _is_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tens
     return torch.where(mask, diff, torch.zeros((), dtype=diff.dtype, device=diff.device))
 
 
-def sequence_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sequence_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor,
+                       length_normalised: bool = True) -> torch.Tensor:
     """log s_i, GSPO's sequence-level importance ratio: the MEAN over the row's valid tokens of log(pi/pi_old).
 
         s_i = (pi(y_i | x) / pi_old(y_i | x))^(1/|y_i|) = exp( (1/|y_i|) sum_{t valid} (logps - old_logps)_t )
 
+    With ``length_normalised=False`` the SUM instead: log of the whole sequence's ratio pi(y_i | x) / pi_old(y_i | x)
+    (the ratio of REINFORCE-style methods that treat the completion as one action, TRL 1.16's RLOO).
+
     Only positions where ``mask`` is True enter, in value and in gradient (pads may hold anything, NaN
     included); a row with no valid token has log s = 0 (ratio 1). Differentiable in ``logps``
-    (d log s_i / d logps_{i,t} = 1/|y_i| on valid tokens); ``old_logps`` is detached.
+    (d log s_i / d logps_{i,t} = 1/|y_i|, or 1 unnormalised, on valid tokens); ``old_logps`` is detached.
 
     Shape: logps (B, T), old_logps (B, T), mask (B, T) bool -> (B,); B = sequences, T = completion positions.
-    Units: nats per token (the log of a dimensionless ratio).
+    Units: nats per token (normalised) or nats (the log of a dimensionless ratio).
 
     Raises:
         ObjectiveError: shapes differ or not 2-D; mask not bool.
 
     Source: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071), sec. 4.1: the
-    length-normalised s_i(theta) of the GSPO objective.
+    length-normalised s_i(theta) of the GSPO objective; Ahmadian et al. 2024 ("Back to Basics", sec. 3.2: the
+    whole completion as one action) for the unnormalised ratio.
     """
     diff = _is_log_ratio(logps, old_logps, mask)
+    if not length_normalised:
+        return diff.sum(-1)
     counts = mask.sum(-1).clamp(min=1).to(diff.dtype)
     return diff.sum(-1) / counts
 
@@ -71,6 +81,50 @@ def gspo_token_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: tor
     log_s = sequence_log_ratio(logps, old_logps, mask).detach()
     per_token = log_s[:, None] + logps - logps.detach()
     return torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+
+
+def sequence_clipped_surrogate_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
+                                    mask: torch.Tensor, clip_eps_low: float, clip_eps_high: float,
+                                    length_normalised: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate on a SEQUENCE ratio: a whole sequence is clipped or kept.
+
+        s_i      = exp(sequence_log_ratio(logps, old_logps, mask, length_normalised))      (B,)
+        loss_i   = -min( s_i A_i, clip(s_i, 1 - clip_eps_low, 1 + clip_eps_high) A_i )
+
+    loss_i is put on every valid token of row i (0 on padding), so the per-sequence mean of the returned tensor is
+    loss_i exactly (``loss_aggregation=grpo``: the mean over sequences of loss_i, as the papers reduce it). A_i is
+    the row's advantage: ``advantages`` (B,), or (B, T) read at the row's last valid token. ``clipped`` marks every
+    valid token of a clipped sequence (where the min picks the clipped term: the sequence's gradient is 0).
+
+    With ``length_normalised`` (GSPO) the gradient of an unclipped row is -s_i A_i (1/|y_i|) sum_t grad log pi; without
+    it (the whole sequence's ratio, TRL 1.16's RLOO) -s_i A_i sum_t grad log pi: REINFORCE on the completion as one
+    action, importance-weighted.
+
+    Shape: logps, old_logps (B, T), advantages (B,) or (B, T), mask (B, T) bool -> (per_token_loss (B, T),
+    clipped (B, T) bool); B = sequences, T = completion positions.
+    Units: advantage units.
+
+    Raises:
+        ObjectiveError: shapes disagree or not 2-D; mask not bool; clip_eps_low not in [0, 1); clip_eps_high < 0.
+
+    Source: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071), sec. 4.1 (the GSPO
+    objective, eq. 5 and the sequence clip); Schulman et al. 2017, eq. 7 (the clipped surrogate it applies).
+    """
+    from .logprobs import last_token_index
+    from .surrogate import clipped_surrogate_loss
+
+    log_s = sequence_log_ratio(logps, old_logps, mask, length_normalised)  # (B,)
+    if advantages.dim() == 2:
+        check_same_shape("advantages", advantages, "logps", logps)
+        advantages = advantages.gather(1, last_token_index(mask).clamp(min=0)[:, None])[:, 0]
+    elif advantages.shape != log_s.shape:
+        raise ObjectiveError(f"advantages has shape {tuple(advantages.shape)} but logps has shape "
+                             f"{tuple(logps.shape)}; advantages must be (B,) per sequence or (B, T) per token")
+    has_tokens = mask.any(-1, keepdim=True)
+    seq_loss, seq_clipped = clipped_surrogate_loss(log_s[:, None], torch.zeros_like(log_s[:, None]),
+                                                   advantages[:, None], has_tokens, clip_eps_low, clip_eps_high)
+    per_token = torch.where(mask, seq_loss.expand_as(logps), torch.zeros((), dtype=seq_loss.dtype, device=logps.device))
+    return per_token, seq_clipped & mask
 
 
 def clipped_is_weight(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, clip_eps_low: float,

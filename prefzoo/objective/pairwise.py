@@ -105,6 +105,11 @@ class PairScores:
                 check_same_shape("chosen", chosen, name, t)
         return cls(chosen - rejected, chosen, rejected, **extra)
 
+    def select(self, rows: torch.Tensor) -> "PairScores":
+        """The pairs ``rows`` (a bool mask or long indices, Shape (B,) or (K,)) of every field that is set."""
+        return PairScores(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+                             for f in fields(self)})
+
 
 class _Params(NamedTuple):
     beta: float

@@ -28,6 +28,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from prefzoo.training.run_folder import SUMMARY_FILE
+
 log = logging.getLogger(__name__)
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"  # in a clone; an installed package has none
@@ -82,7 +84,7 @@ class TrainFirst(Callback):
         RuntimeError: the prerequisite run failed (its exit status and folder are in the message).
     """
 
-    def __init__(self, overrides: list[str], subdir: str, done_file: str = "summary.json", what: str = "prerequisite",
+    def __init__(self, overrides: list[str], subdir: str, done_file: str = SUMMARY_FILE, what: str = "prerequisite",
                  reuse_key: str | None = None):
         self.overrides, self.subdir, self.done_file, self.what = list(overrides), subdir, done_file, what
         self.reuse_key = reuse_key

@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from prefzoo.errors import DataError, PrefzooError, RunFolderError
+from prefzoo.training.run_folder import CONFIG_FILE, EVAL_FILE, METRICS_FILE, SUMMARY_FILE
 
 __all__ = ["Finding", "Limits", "Run", "load_run", "diagnose", "render", "main"]
 
@@ -182,7 +183,7 @@ def load_run(run_dir) -> Run:
         DataError: a line of ``metrics.jsonl``, ``summary.json`` or an ``eval_*.json`` is not a JSON object.
     """
     run_dir = Path(run_dir)
-    metrics, summary_path = run_dir / "metrics.jsonl", run_dir / "summary.json"
+    metrics, summary_path = run_dir / METRICS_FILE, run_dir / SUMMARY_FILE
     if not metrics.is_file() and not summary_path.is_file():
         what = "does not exist" if not run_dir.exists() else "has neither metrics.jsonl nor summary.json"
         raise RunFolderError(f"{run_dir} is not a run folder: it {what}. A training run writes metrics.jsonl as it "
@@ -202,7 +203,7 @@ def load_run(run_dir) -> Run:
         steps.append(row)
     summary = _read_json(summary_path) if summary_path.is_file() else {}
     evals = summary.get("eval_history") or _eval_files(run_dir, steps[-1]["step"] if steps else 0)
-    config_path = run_dir / "config.yaml"
+    config_path = run_dir / CONFIG_FILE
     config = (yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
     return Run(run_dir, steps, sorted(evals, key=lambda e: e["step"]), config, summary)
 
@@ -210,8 +211,8 @@ def load_run(run_dir) -> Run:
 def _eval_files(run_dir: Path, last_step: int) -> list[dict]:
     """A run without a summary yet: ``eval_before.json`` (step 0), ``eval_step<N>.json``, ``eval_after.json``."""
     out = []
-    for path in sorted(run_dir.glob("eval_*.json")):
-        tag = path.stem[len("eval_"):]
+    for path in sorted(run_dir.glob(EVAL_FILE.format(tag="*"))):
+        tag = path.stem[len(EVAL_FILE.format(tag="")[:-len(".json")]):]
         found = re.fullmatch(r"step(\d+)", tag)
         step = 0 if tag == "before" else int(found.group(1)) if found else last_step if tag == "after" else None
         if step is not None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from prefzoo.training.run_folder import SUMMARY_FILE
+
 __all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval_history", "is_number",
            "is_best_of_n", "analytic_kl"]
 
@@ -52,7 +54,7 @@ def load_runs(root: Path) -> list[dict]:
     recipe's prerequisite run, :class:`prefzoo.report.callbacks.TrainFirst`) is listed but does not decide which
     settings were swept."""
     runs = []
-    for summary_path in sorted(Path(root).rglob("summary.json")):
+    for summary_path in sorted(Path(root).rglob(SUMMARY_FILE)):
         run_dir = summary_path.parent
         overrides = {}
         over_file = run_dir / ".hydra" / "overrides.yaml"

@@ -8,25 +8,14 @@ one float per completion; see :mod:`prefzoo.rewards.registry`.
 
 from __future__ import annotations
 
-import re
 from numbers import Real
 from typing import Any
 
 from prefzoo.data.tasks import PLAIN_INSTRUCTION, WORD_PROBLEM_INSTRUCTION
 from prefzoo.errors import RewardError
+from prefzoo.text import NUMBER_PATTERN
 
 __all__ = ["NUMBER_PATTERN", "FORMAT_MAX_TRAILING_CHARS", "extract_final_number", "correctness", "format_reward"]
-
-# A number: an optional sign, digits (optionally grouped by thousands commas), an optional decimal part.
-# A minus (ASCII "-" or Unicode "−") is a sign only when a digit follows it directly and no word
-# character or ")" precedes it, so "10-3" reads as 10 and 3, while "x = -3" reads as -3.
-# Thousands groups must be complete ("1,234", not "1,2345"); a list such as "1,2,3" reads as 1, 2, 3.
-# A decimal point needs a digit after it, so the period ending "is 78." is not part of the number.
-NUMBER_PATTERN = re.compile(
-    r"(?:(?<![\w)])[-\u2212])?"
-    r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)"
-    r"(?:\.\d+)?"
-)
 
 #: The most characters ``format_reward`` allows after the final number for it to count as "at the end"
 #: (e.g. "." or "**" or "}$."); they must not be letters or digits.
@@ -42,7 +31,7 @@ def extract_final_number(text: str) -> int | float | None:
     """The last number written in ``text``, or None when it has none.
 
     Reads "1,234" as 1234, "-5" (and "−5") as -5, "= 78." as 78, "2.5" as 2.5 (a float; an int when
-    there is no decimal point). See :data:`NUMBER_PATTERN` for the exact rule.
+    there is no decimal point). See :data:`prefzoo.text.NUMBER_PATTERN` for the exact rule.
 
     Examples:
         >>> extract_final_number("23 + 45 = 68.")
@@ -133,7 +122,7 @@ def format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[
       "\\boxed{78}"); otherwise 0.5 ("78 apples are left.").
 
     The rule checks form only: a wrong number in the right place scores 1.0 (use ``correctness``
-    for the value). Numbers are read with :data:`NUMBER_PATTERN`.
+    for the value). Numbers are read with :data:`prefzoo.text.NUMBER_PATTERN`.
 
     Args:
         prompts: the prompt texts (the raw or chat-templated text). Length B.

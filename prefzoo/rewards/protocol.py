@@ -19,11 +19,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from prefzoo.types import PROMPT_MESSAGES
+
 __all__ = ["PROMPT_MESSAGES", "COMPLETION_IDS", "POSITIONAL", "KEYWORD", "call_style", "keyword_arguments",
            "completion_id_lists"]
 
-#: reserved batch column: the prompts as chat messages, present when the data's prompts are conversational
-PROMPT_MESSAGES = "prompt_messages"
+# PROMPT_MESSAGES (prefzoo.types): reserved batch column, the prompts as chat messages when conversational
 #: reserved batch column: each completion's token ids (a list of ints per sample)
 COMPLETION_IDS = "completion_ids"
 #: the columns a reward function never receives as data columns

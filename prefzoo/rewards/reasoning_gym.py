@@ -6,7 +6,7 @@ own evaluation does:
 1. the final answer, read as the row's ``answer_format`` says (:func:`extract_answer`): ``tags``,
    ``reasoning_gym.utils.extract_answer(completion)``, the text of the LAST ``<answer>...</answer>`` span (stripped),
    or None when the completion has none (e.g. it was cut before ``</answer>``); ``number``, the text of the
-   completion's last number (:data:`prefzoo.rewards.arithmetic.NUMBER_PATTERN`, thousands commas dropped, "−" read
+   completion's last number (:data:`prefzoo.text.NUMBER_PATTERN`, thousands commas dropped, "−" read
    as "-"), or None;
 2. ``score = dataset.score_answer(answer, entry)``: the task's verifier, in [0, 1]. 1.0 is a correct answer; some
    tasks give partial credit (countdown 0.05 for a well-formed wrong expression and 0.01 for no answer; the default
@@ -58,7 +58,7 @@ def extract_answer(completion: str, answer_format: str = "tags") -> str | None:
 
         return rg_extract(completion)
     if answer_format == "number":
-        from prefzoo.rewards.arithmetic import NUMBER_PATTERN
+        from prefzoo.text import NUMBER_PATTERN
 
         last = None
         for last in NUMBER_PATTERN.finditer(completion):

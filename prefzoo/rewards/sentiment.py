@@ -62,7 +62,7 @@ def fluent_sentiment(prompts: list[str], completions: list[str], **_: Any) -> li
 
     ``c`` is the VADER compound score of :func:`sentiment` (in [-1, 1]); ``f`` the completion's own distinct-2:
     distinct bigrams / all bigrams of its lower-cased word and punctuation tokens
-    (:func:`prefzoo.evaluation.diversity.words`), 0 for a completion of fewer than 2 tokens (no review at all).
+    (:func:`prefzoo.text.words`), 0 for a completion of fewer than 2 tokens (no review at all).
     Repeating words, the cheap way to raise VADER's sum of valences, lowers ``f``: "good good good" has
     c = 5.7 / sqrt(5.7^2 + 15) = 0.8271 (above "The food was good.", 0.4404) but f = 1/2 (its two bigrams are one),
     so r = 1.8271 / 2 * 0.5 = 0.4568, below the sentence's 1.4404 / 2 * 1 = 0.7202.
@@ -77,6 +77,6 @@ def fluent_sentiment(prompts: list[str], completions: list[str], **_: Any) -> li
     Raises:
         RewardError: vaderSentiment is not installed.
     """
-    from prefzoo.evaluation.diversity import distinct_n
+    from prefzoo.text import distinct_n
 
     return [(1.0 + c) / 2.0 * distinct_n([text], 2) for c, text in zip(sentiment(prompts, completions), completions)]

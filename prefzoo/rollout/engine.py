@@ -7,7 +7,7 @@ rows [i*G, (i+1)*G) answer prompt i, completions right-padded after the first EO
 without EOS ``truncated``.
 
 * :class:`HFEngine` (``hf``, the default): prefzoo's own decode loop on the trained model (or its merged-weights
-  copy, :mod:`prefzoo.models.merged`), in the trainer's process, over a preallocated KV cache by default
+  copy, made by the factory the model side hands it: :func:`prefzoo.models.merged.merged_copy`), in the trainer's process, over a preallocated KV cache by default
   (``rollout.kv_cache``, :mod:`prefzoo.rollout.kv_cache`). On the trained model itself its samples are the trainer's
   own; from the merged copy (other weights: ``W + s B A`` rounded once) it reports the log-probs it sampled with
   (``sample_logps``) when ``report_logps`` (``rollout.log_mismatch``), so the rollout/trainer mismatch is logged as for
@@ -23,7 +23,7 @@ in both engines (each engine has its own random stream: the same seed does not g
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -63,8 +63,10 @@ class HFEngine:
     """prefzoo's decode loop (:func:`prefzoo.rollout.generate.sample_completions`) in the trainer's process.
 
     Args:
-        merged_rollout: sample from a merged-weights copy of a LoRA model (:mod:`prefzoo.models.merged`), refreshed
-            from the adapter before each call; False: the peft model itself.
+        merged_copy: sample from a merged-weights copy of a LoRA model, refreshed from the adapter before each call:
+            a factory ``model -> copy or None`` (None: the model cannot be merged), whose copy's ``module()`` is the
+            merged model (:func:`prefzoo.models.merged.merged_copy`: the engine knows no model class); None (the
+            default): the peft model itself.
         kv_cache: ``static`` (preallocated) or ``dynamic`` (``transformers``' own): see
             :func:`prefzoo.rollout.generate.sample_completions`.
         compile_decode: the decode step through ``torch.compile`` (static cache only).
@@ -74,20 +76,18 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, merged_rollout: bool = True, kv_cache: str = "static", compile_decode: bool = False,
-                 report_logps: bool = False):
-        self.merged_rollout = merged_rollout
+    def __init__(self, merged_copy: Callable[[nn.Module], Any] | None = None, kv_cache: str = "static",
+                 compile_decode: bool = False, report_logps: bool = False):
+        self.merged_copy = merged_copy
         self.kv_cache = kv_cache
         self.compile_decode = compile_decode
         self.report_logps = report_logps
         self._merged = None  # None: not built yet; False: the model cannot be merged
 
     def sampling_model(self, model: nn.Module) -> nn.Module:
-        """The module rollouts run: a merged-weights copy of a LoRA ``model`` (``merged_rollout``), else ``model``."""
-        if self.merged_rollout and self._merged is None:
-            from prefzoo.models.merged import MergedCopy, can_merge
-
-            self._merged = MergedCopy(model) if can_merge(model) else False
+        """The module rollouts run: a merged-weights copy of a LoRA ``model`` (``merged_copy``), else ``model``."""
+        if self.merged_copy is not None and self._merged is None:
+            self._merged = self.merged_copy(model) or False
         return self._merged.module() if self._merged else model
 
     @torch.no_grad()

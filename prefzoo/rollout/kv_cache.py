@@ -31,20 +31,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer
-
-from prefzoo.models.attention import GQA_SDPA
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
 __all__ = ["PreallocatedKV", "PreallocatedLayer", "can_preallocate", "mask_format"]
 
-#: attention implementations that take a prebuilt 4-D mask, and its format
-_FOUR_D_MASKS = {"sdpa": "bool", "eager": "float", GQA_SDPA: "bool"}
+#: the mask functions of ``transformers`` that build a prebuilt 4-D mask, and its format
+_FOUR_D_MASKS = {sdpa_mask: "bool", eager_mask: "float"}
 
 
 def mask_format(model) -> str:
     """How the decode step hands ``model`` its attention mask: ``bool`` or ``float`` (a prebuilt (B, 1, 1, L) mask) or
-    ``2d`` (the (B, L) padding mask; ``transformers`` builds the rest), from the config's attention implementation."""
+    ``2d`` (the (B, L) padding mask; ``transformers`` builds the rest), from the mask function ``transformers`` has
+    registered for the config's attention implementation (``AttentionMaskInterface``: ``sdpa`` and every
+    implementation registered with SDPA's mask, :mod:`prefzoo.models.attention`'s included, take a bool mask;
+    ``eager`` a float one)."""
     config = getattr(model, "config", None)
-    return _FOUR_D_MASKS.get(getattr(config, "_attn_implementation", None), "2d")
+    implementation = getattr(config, "_attn_implementation", None)
+    function = ALL_MASK_ATTENTION_FUNCTIONS.get(implementation) if isinstance(implementation, str) else None
+    return _FOUR_D_MASKS.get(function, "2d")
 
 
 def can_preallocate(cache) -> bool:

@@ -36,11 +36,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from prefzoo.errors import CheckpointError
+from prefzoo.training.run_folder import ADAPTER_DIR, CHECKPOINTS_DIR, MODEL_DIR, RUN_CONFIG_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "trainer_state.pt"
-RUN_CONFIG_FILE = "run_config.json"
 PARTIAL_PREFIX = "."  # checkpoints/.step-XXXXXX.partial while being written (complete_checkpoints ignores it)
 
 _reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
@@ -106,7 +105,7 @@ def save_weights(model, folder: Path) -> Path:
 
 
 def weights_folder(model, folder: Path) -> Path:
-    return folder / ("adapter" if isinstance(model, PeftModel) else "model")
+    return folder / (ADAPTER_DIR if isinstance(model, PeftModel) else MODEL_DIR)
 
 
 def load_weights(model, folder: Path) -> None:
@@ -117,13 +116,13 @@ def load_weights(model, folder: Path) -> None:
     """
     try:
         if isinstance(model, PeftModel):
-            state = load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+            state = load_file(str(folder / ADAPTER_DIR / "adapter_model.safetensors"))
             result = set_peft_model_state_dict(model, state)
             if getattr(result, "unexpected_keys", None):
-                raise CheckpointError(f"adapter checkpoint {folder / 'adapter'} has unexpected keys: "
+                raise CheckpointError(f"adapter checkpoint {folder / ADAPTER_DIR} has unexpected keys: "
                                       f"{result.unexpected_keys[:5]}")
         else:
-            files = sorted((folder / "model").glob("*.safetensors"))
+            files = sorted((folder / MODEL_DIR).glob("*.safetensors"))
             state = {}
             for f in files:
                 state.update(load_file(str(f)))
@@ -144,7 +143,7 @@ def load_weights(model, folder: Path) -> None:
 def check_weights(folder: Path) -> None:
     """Read the header of every weights file of a checkpoint (cheap): a truncated or missing file raises
     :class:`DamagedCheckpoint`."""
-    files = sorted((folder / "adapter").glob("*.safetensors")) + sorted((folder / "model").glob("*.safetensors"))
+    files = sorted((folder / ADAPTER_DIR).glob("*.safetensors")) + sorted((folder / MODEL_DIR).glob("*.safetensors"))
     if not files:
         raise DamagedCheckpoint(f"{folder} has no weights (adapter/ or model/ *.safetensors)")
     for f in files:
@@ -208,7 +207,7 @@ def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict, keep: 
         CheckpointError: the write failed ("no space left on <dir>" for a full disk); the partial folder is removed
             and the checkpoints written before are untouched.
     """
-    root = run_dir / "checkpoints"
+    root = run_dir / CHECKPOINTS_DIR
     name = f"step-{step:06d}"
     folder, partial = root / name, root / f"{PARTIAL_PREFIX}{name}.partial"
     previous = complete_checkpoints(run_dir)
@@ -241,7 +240,7 @@ def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict, keep: 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoint folders with a finished ``trainer_state.pt``, oldest first."""
-    root = run_dir / "checkpoints"
+    root = run_dir / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
     return sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())

@@ -53,10 +53,9 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from prefzoo.algos import algorithm_class
 from prefzoo.algos.base import Algorithm, Declaration
-from prefzoo.types import ROLLOUT_SEED_COLUMN, Batch, SamplingParams
-from prefzoo.config import Config, resolve_defaults, resolve_objective
+from prefzoo.types import ROLLOUT_SEED_COLUMN, Batch
+from prefzoo.config import Config, resolve_defaults
 from prefzoo.data.preference import collate_preferences
 from prefzoo.data.unpaired import collate_examples
 from prefzoo.errors import CheckpointError
@@ -70,12 +69,14 @@ from prefzoo.training.distributed import DataParallel, TrainableModules, setup_d
 from prefzoo.training.model_card import write_model_card
 from prefzoo.training.trackers import open_metrics_log
 from prefzoo.training.resume import continue_schedule, run_config
-from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
+from prefzoo.training.run_folder import (CONFIG_FILE, EVAL_FILE, SUMMARY_FILE, RunFolder, open_run_folder,
+                                        unlock_run_folder)
 from prefzoo.training.sampler import IndexSampler
 from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
 from prefzoo.training.watch import MetricWatch
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
 from prefzoo.training.scoring import TextScorer
+from prefzoo.training.plugin import build_algorithm
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns,
                                     correctness_function, evaluation_reward,
                                     heldout_pair_prompts, offline_data, pick_device, task_prompts)
@@ -119,9 +120,12 @@ class Trainer:
     by :func:`~prefzoo.training.distributed.setup_data_parallel`; a single process when not launched as several).
     ``folder``: ``run_dir`` already checked, locked and its resume point found by
     :func:`~prefzoo.training.run_folder.open_run_folder` (default: done here, before any model loads).
+    ``algo``: the run's plugin as the pre-flight built it (:func:`prefzoo.cli.preflight`; default: built here by
+    :func:`~prefzoo.training.plugin.build_algorithm`).
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, dp: DataParallel | None = None, folder: RunFolder | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, dp: DataParallel | None = None, folder: RunFolder | None = None,
+                 algo: Algorithm | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         t = cfg.trainer
         if t.num_threads:
@@ -131,35 +135,31 @@ class Trainer:
         self.device = self.dp.device or pick_device(t.device)
         resolve_defaults(cfg)
         self.folder = folder if folder is not None else open_run_folder(cfg, self.run_dir, self.dp)
-        algo_cls = algorithm_class(cfg.algo)
-        self.objective = resolve_objective(cfg)
-        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                       max_new_tokens=cfg.rollout.max_new_tokens,
-                                       is_correction_cap=cfg.rollout.is_correction_cap)
-        self.algo: Algorithm = algo_cls(cfg.algo, self.objective, self.sampling)
-        self.needs: Declaration = self.algo.declaration
+        self.algo: Algorithm = algo if algo is not None else build_algorithm(cfg)  # the pre-flight's, or built here
+        self.objective, self.sampling = self.algo.objective, self.algo.sampling
+        self.declaration: Declaration = self.algo.declaration
         self.tokenizer = load_tokenizer(cfg.model.name)
         self.reward_fn = build_reward(cfg)
         self.train_prompts, self.eval_prompts = (task_prompts(cfg, self.tokenizer)
-                                                 if self.needs.online or cfg.data.path is None else (None, None))
+                                                 if self.declaration.online or cfg.data.path is None else (None, None))
         if self.eval_prompts is None and cfg.data.path:  # a preference file: evaluate on its held-out pairs' prompts
             self.eval_prompts = heldout_pair_prompts(cfg, self.tokenizer)
         check_reward_columns(cfg, self.train_prompts)  # before any model loads
         self.prefs = None
         self.data_stats: dict = {}
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
-            if not self.needs.online:
+            if not self.declaration.online:
                 self.prefs, self.data_stats = offline_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
-                                                           self.eval_prompts, self.device, self.needs.data)
+                                                           self.eval_prompts, self.device, self.declaration.data)
                 self.algo.check_data(self.data_stats.get("rows", {}))  # (unpaired rows: KTO's class balance)
-            built = build_policy(cfg, self.needs, self.tokenizer, self.device)
+            built = build_policy(cfg, self.declaration, self.tokenizer, self.device)
         self.policy, self.model, self.load_seconds = built.policy, built.model, built.load_seconds
         if self.dp.rank > 0:  # the model is built alike everywhere; from here on (dropout) each process draws its own
             seed_everything(t.seed + 1_000_003 * self.dp.rank)
         self.algo.all_reduce = self.dp.all_reduce_sum if self.dp.enabled else None
         n_rows = len(self.prefs.train) if self.prefs is not None else len(self.train_prompts)
         self.sampler = IndexSampler(n_rows, t.batch_size, t.seed)
-        self.ref_cache = self.precompute_reference() if self.needs.precompute_reference else None
+        self.ref_cache = self.precompute_reference() if self.declaration.precompute_reference else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.policy.value_model is not None:
             self.params += [p for p in self.policy.value_model.parameters() if p.requires_grad
@@ -169,25 +169,25 @@ class Trainer:
         if self.dp.enabled:
             self.train_module = self.dp.wrap(TrainableModules(self.model, self.policy.value_model))
             self.policy.train_forward = self.train_module
-        self.max_steps = t.max_steps if self.needs.trains else 0  # best-of-n: no training steps
-        self.watch = MetricWatch(self.needs.warnings, self.max_steps)  # the plugin's warnings (no learning signal)
-        rows = t.batch_size * max(1, self.needs.num_samples)
-        if self.needs.num_minibatches > rows:
+        self.max_steps = t.max_steps if self.declaration.trains else 0  # best-of-n: no training steps
+        self.watch = MetricWatch(self.declaration.warnings, self.max_steps)  # the plugin's warnings (no learning signal)
+        rows = t.batch_size * max(1, self.declaration.num_samples)
+        if self.declaration.num_minibatches > rows:
             from prefzoo.errors import ConfigError
 
-            raise ConfigError(f"algo.num_minibatches={self.needs.num_minibatches} exceeds the {rows} rows of a step "
+            raise ConfigError(f"algo.num_minibatches={self.declaration.num_minibatches} exceeds the {rows} rows of a step "
                               "(trainer.batch_size x algo.num_samples); lower it or raise trainer.batch_size.")
-        self.optimizer_steps = self.max_steps * self.needs.epochs * self.needs.num_minibatches
+        self.optimizer_steps = self.max_steps * self.declaration.epochs * self.declaration.num_minibatches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, self.optimizer_steps))
-        self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.needs.reward else None
+        self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.declaration.reward else None
         self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer),
                                    evaluation_reward(cfg, self.reward_fn, self.eval_prompts), self.eval_prompts, cfg.eval,
                                    correctness_fn=correctness_function(cfg, self.eval_prompts),
                                    preference_examples=self.prefs.eval if self.prefs else None,
-                                   implicit_rewards=(self.algo.implicit_rewards if self.needs.has("implicit_rewards")
+                                   implicit_rewards=(self.algo.implicit_rewards if self.declaration.has("implicit_rewards")
                                                      else None),
-                                   group_size=self.needs.num_samples, seed=t.seed,
+                                   num_samples=self.declaration.num_samples, seed=t.seed,
                                    progress=t.progress, gold_reward_fn=build_gold_reward(cfg))
         self.ood_evaluator = build_ood_evaluator(cfg, self.evaluator, self.tokenizer)  # eval.ood (ood_*), or None
         self.metrics_log = open_metrics_log(cfg, self.run_dir, self.dp.is_main)  # report_to: tensorboard, trackio, wandb
@@ -205,7 +205,7 @@ class Trainer:
         idx = self.sampler.next()
         start, stop = shard_range(len(idx), self.dp.rank, self.dp.world_size)
         idx = idx[start:stop]
-        if self.needs.online:
+        if self.declaration.online:
             prompts = self.train_prompts.batch(idx, self.policy.pad_id).to(self.device)
             prompts.columns[ROLLOUT_SEED_COLUMN] = rollout_seeds(self.cfg.trainer.seed, self.step, range(start, stop))
             return self.algo.make_experience(self.policy, prompts, self.scorer)
@@ -258,7 +258,7 @@ class Trainer:
         if self.scorer is not None:
             out.update(self.scorer.last_metrics)
         out.update({"time/step": t2 - t0, "time/update": t2 - t1, "time/experience": t1 - t0,
-                    "tokens_per_second": batch.num_tokens() * self.needs.epochs / max(t2 - t1, 1e-9)})
+                    "tokens_per_second": batch.num_tokens() * self.declaration.epochs / max(t2 - t1, 1e-9)})
         if dp.enabled:  # global metrics (the same on every process, so after_step adapts beta alike everywhere)
             out = reduce_metrics(dp.gather_objects((n, out)))
             pairs = global_pairs(dp.gather_objects(dict(pairs)))
@@ -330,7 +330,7 @@ class Trainer:
         if self.ood_evaluator is not None:  # eval.ood: the same evaluation on the shifted task, keys ood_*
             result.update(self.ood_evaluator.run())
         result["seconds"] = round(time.perf_counter() - start, 1)
-        (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
+        (self.run_dir / EVAL_FILE.format(tag=tag)).write_text(json.dumps(result, indent=2))
         self.metrics_log.log_eval(self.step, result)  # eval/<metric> in TensorBoard and the trackers
         self.eval_history.append({"step": self.step, "tag": tag,
                                   **{k: v for k, v in result.items() if isinstance(v, (int, float, str))
@@ -375,13 +375,13 @@ class Trainer:
         """
         from prefzoo.errors import ConfigError
 
-        if self.cfg.objective.kl_budget is None or not self.needs.trains:
+        if self.cfg.objective.kl_budget is None or not self.declaration.trains:
             return
         if self.policy.reference is None:
             raise ConfigError(f"objective.kl_budget is set, but this run has no reference to measure KL against "
                               f"(algo={self.cfg.algo.name} without LoRA loads none); use LoRA or drop the budget.")
         periodic = self.cfg.eval.every or self.cfg.trainer.early_stopping.metric
-        if not self.needs.online and not periodic:
+        if not self.declaration.online and not periodic:
             raise ConfigError(f"objective.kl_budget: algo={self.cfg.algo.name} measures no KL while it trains (it "
                               "samples nothing); set eval.every=N to measure KL(pi || pi_ref) on held-out samples every "
                               "N steps, which the budget then uses.")
@@ -392,15 +392,15 @@ class Trainer:
         resumed = self.maybe_resume()
         main = self.dp.is_main
         before = None
-        if main and self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / "eval_before.json").is_file()):
+        if main and self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / EVAL_FILE.format(tag="before")).is_file()):
             before = self.evaluate("before")
             print_eval("before training", before)
-        elif main and (self.run_dir / "eval_before.json").is_file():
-            before = json.loads((self.run_dir / "eval_before.json").read_text())
+        elif main and (self.run_dir / EVAL_FILE.format(tag="before")).is_file():
+            before = json.loads((self.run_dir / EVAL_FILE.format(tag="before")).read_text())
         bar = tqdm(total=self.max_steps, initial=self.step, desc=f"{cfg.algo.name}",
                    disable=not (t.progress and main), dynamic_ncols=True)
         last: dict = {}
-        stop_reason = "max_steps" if self.needs.trains else "no_training"
+        stop_reason = "max_steps" if self.declaration.trains else "no_training"
         budget = cfg.objective.kl_budget
         while self.step < self.max_steps:
             last = self.train_step()
@@ -409,7 +409,7 @@ class Trainer:
                 log.warning(line)
             self.train_seconds += last.get("time/step", 0.0)
             stop, eval_kl = self.periodic_evaluation(last) if self.evaluation_due() else (False, None)
-            kl = last.get("kl", eval_kl) if self.needs.online else eval_kl  # this step's rollouts, else held out
+            kl = last.get("kl", eval_kl) if self.declaration.online else eval_kl  # this step's rollouts, else held out
             if kl is not None:
                 self.kl_spent = float(kl)
             if budget is not None and self.kl_spent is not None:
@@ -417,7 +417,7 @@ class Trainer:
             if self.step % t.log_every == 0 or self.step == self.max_steps or stop:
                 self.metrics_log.log(self.step, last)
             bar.update(1)
-            bar.set_postfix({k: f"{last[k]:.3g}" for k in self.needs.progress_keys if k in last})
+            bar.set_postfix({k: f"{last[k]:.3g}" for k in self.declaration.progress_keys if k in last})
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
             if budget is not None and self.kl_spent is not None and self.kl_spent >= budget:
@@ -432,14 +432,14 @@ class Trainer:
         summary = None
         if main:
             weights = save_weights(self.model, self.run_dir)
-            if self.needs.has("saves_artifacts"):  # a model of the plugin's own (algo=rm: the reward model)
+            if self.declaration.has("saves_artifacts"):  # a model of the plugin's own (algo=rm: the reward model)
                 self.algo.save_artifacts(self.run_dir, self.policy)
             after = None
             if cfg.eval.after:  # also with no training step: a max_steps=0 run measures its starting policy
                 after = self.evaluate("after")
                 print_eval("after training" if self.step else "(no training steps)", after)
             summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason, weights)
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
             write_model_card(cfg, self.run_dir, weights, summary)  # <weights>/README.md over peft's template
         self.metrics_log.close()
         unlock_run_folder(self.run_dir)
@@ -484,7 +484,7 @@ def results_block(after: dict | None, last: dict, trainer, stop_reason: str, sec
         "kl": a.get("kl_k1"), "kl_se": a.get("kl_k1_se"), "kl_k3": a.get("kl_k3"), "kl_method": a.get("kl_method"),
         "entropy": a.get("entropy"), "distinct_1": a.get("distinct_1"), "distinct_2": a.get("distinct_2"),
         "completion_length": a.get("completion_length"),
-        "train_reward": last.get("reward"), "train_kl": last.get("kl") if trainer.needs.online else None,
+        "train_reward": last.get("reward"), "train_kl": last.get("kl") if trainer.declaration.online else None,
         "kl_spent": trainer.kl_spent, "steps": trainer.step, "stop_reason": stop_reason,
         "wall_seconds": round(seconds, 1), "train_seconds": round(trainer.train_seconds, 1),
         "eval_seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
@@ -529,4 +529,4 @@ def print_eval(title: str, result: dict) -> None:
 
 
 def write_resolved_config(cfg: Config, run_dir: Path) -> None:
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

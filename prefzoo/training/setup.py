@@ -175,12 +175,12 @@ def build_base_model(cfg: Config, tokenizer, device: torch.device):
     return model if quant is not None else model.to(device)
 
 
-def use_padding_free(fast, needs: Declaration, copies: list, value_model) -> bool:
+def use_padding_free(fast, declaration: Declaration, copies: list, value_model) -> bool:
     """``model.fast.padding_free`` for an offline plugin: switch the models' attention to the packed one
     (:func:`prefzoo.models.packing.use_packed_attention`) and say whether the log-prob passes pack. Online plugins
     keep padded passes (packing is measured on offline batches only). A model whose attention cannot run packs
     (eager, sliding-window, soft-capped) stays padded, with a warning."""
-    if not fast.padding_free or needs.online:
+    if not fast.padding_free or declaration.online:
         return False
     from prefzoo.models.packing import packing_mode, use_packed_attention
 
@@ -207,11 +207,11 @@ class Built:
     load_seconds: float
 
 
-def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.device) -> Built:
+def build_policy(cfg: Config, declaration: Declaration, tokenizer, device: torch.device) -> Built:
     """The trainable policy with the reference (and value head) the algorithm declares it needs."""
     start = time.perf_counter()
     m = cfg.model
-    check_weight_dtype(m.dtype, m.lora.enabled, needs.trains)
+    check_weight_dtype(m.dtype, m.lora.enabled, declaration.trains)
     warn_if_emulated({"model.dtype": m.dtype, "model.compute_dtype": m.compute_dtype}, device)
     model = build_base_model(cfg, tokenizer, device)
     engine = build_engine(cfg, model, tokenizer) if cfg.rollout.engine == "vllm" else hf_engine(cfg)  # (the base)
@@ -221,7 +221,7 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
         keep_trainable_float32(model, DTYPES[m.dtype])  # modules_to_save over a bf16 base: float32 master weights
     model.train()
     reference = None
-    if needs.reference:
+    if declaration.reference:
         reference = make_reference(model, lora_enabled=m.lora.enabled, adapter_loaded=bool(m.adapter_path), mode=m.reference)
     elif m.lora.enabled and not m.adapter_path and m.reference != "copy":
         try:  # free: the adapter-disabled model, for drift metrics only
@@ -229,10 +229,10 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
         except ConfigError:
             reference = None
     value_model = None
-    if needs.value_head is not None:
+    if declaration.value_head is not None:
         from prefzoo.models.value import build_value_model
 
-        value_model = build_value_model(cfg, needs.value_head, model, device)
+        value_model = build_value_model(cfg, declaration.value_head, model, device)
     if m.disable_dropout:  # after the value model: its adapter's dropout layers too
         from prefzoo.models.lora import disable_dropout
 
@@ -255,7 +255,7 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
 
         for module in copies:
             use_gqa_attention(module)
-    padding_free = use_padding_free(fast, needs, copies, value_model)
+    padding_free = use_padding_free(fast, declaration, copies, value_model)
     policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen, fused_logps=fast.fused_logps,
                             share_prompts=fast.share_prompts, head_chunk_size=fast.head_chunk_size,
                             merged_rollout=fast.merged_rollout,
@@ -266,11 +266,12 @@ def build_policy(cfg: Config, needs: Declaration, tokenizer, device: torch.devic
 
 def hf_engine(cfg: Config):
     """The hf rollout engine (prefzoo's decode loop) with the run's ``rollout.*`` and ``model.fast.merged_rollout``."""
+    from prefzoo.models.merged import merged_copy
     from prefzoo.rollout.engine import HFEngine
 
     r = cfg.rollout
-    return HFEngine(cfg.model.fast.merged_rollout, kv_cache=r.kv_cache, compile_decode=r.compile_decode,
-                    report_logps=r.log_mismatch)
+    return HFEngine(merged_copy if cfg.model.fast.merged_rollout else None, kv_cache=r.kv_cache,
+                    compile_decode=r.compile_decode, report_logps=r.log_mismatch)
 
 
 def build_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):

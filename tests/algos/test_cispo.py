@@ -66,9 +66,9 @@ def test_settings_declaration_and_old_log_probs():
     assert CISPO(CISPOConfig(), ObjectiveSettings(beta=0.0)).declaration.aggregation == "token_mean"
     assert CISPO(CISPOConfig(), ObjectiveSettings(beta=0.0)).stores_old_logps()  # 4 mini-batches by default
     assert not CISPO(CISPOConfig(num_minibatches=1), ObjectiveSettings(beta=0.0)).stores_old_logps()
-    with pytest.raises(ConfigError, match=r"algo.clip_eps_low=1.5 must be in \[0, 1\]"):
-        CISPO(CISPOConfig(clip_eps_low=1.5), ObjectiveSettings(beta=0.0))
-    with pytest.raises(ConfigError, match="at least 2 completions"):  # GRPO's own checks still run
+    with pytest.raises(ConfigError, match=r"algo.is_clip_eps_low=1.5 must be in \[0, 1\]"):
+        CISPO(CISPOConfig(is_clip_eps_low=1.5), ObjectiveSettings(beta=0.0))
+    with pytest.raises(ConfigError, match="at least 2 completions"):  # the online family's checks run too
         CISPO(CISPOConfig(num_samples=1), ObjectiveSettings(beta=0.0))
 
 

@@ -161,11 +161,16 @@ def test_pairwise_loss_rejects_unknown_type():
         pairwise_loss(torch.zeros(1), "nope", 0.1)
 
 
+def step_means(out) -> dict[str, float]:
+    """A LossOutput's metrics as the loop logs them: per-row means, and per-pair (sum, count) pairs divided."""
+    return {**out.metrics, **{k: v / n for k, (v, n) in out.token_metrics.items()}}
+
+
 def test_metrics_hand_values():
     """rewards/chosen|rejected are beta log(pi/pi_ref), as TRL and the DPO paper log them: chosen log-ratios
     0.5 and -1.0 (mean -0.25) -> 0.1 * -0.25 = -0.025; rejected -0.25 and 2.0 (mean 0.875) -> 0.0875. Margins
     (0.075 - 0.3) / 2 = -0.1125, accuracy 1/2; logps/chosen (-1.5 - 2) / 2 = -1.75."""
-    m = dpo().loss(TablePolicy(POLICY, REF), pairs()).metrics
+    m = step_means(dpo().loss(TablePolicy(POLICY, REF), pairs()))
     want = {"rewards/chosen": -0.025, "rewards/rejected": 0.0875, "rewards/margins": -0.1125,
             "rewards/accuracies": 0.5, "logps/chosen": -1.75, "logps/rejected": -1.625,
             "log_ratio/chosen": -0.25, "log_ratio/rejected": 0.875}
@@ -347,7 +352,7 @@ def test_rewards_chosen_is_zero_at_step_zero_for_every_divergence():
     """Policy = reference: log(pi/pi_ref) = 0 on both sides, so rewards/chosen = beta * 0 = 0 (TRL's meaning), for
     f-DPO too (its link's value beta f'(1) = beta for reverse KL goes under implicit_rewards/chosen)."""
     for divergence in ("reverse_kl", "forward_kl", "js"):
-        m = dpo(divergence=divergence).loss(TablePolicy(REF, REF), pairs()).metrics
+        m = step_means(dpo(divergence=divergence).loss(TablePolicy(REF, REF), pairs()))
         assert m["rewards/chosen"] == 0.0 and m["rewards/rejected"] == 0.0, divergence
-    m = dpo(divergence="forward_kl").loss(TablePolicy(REF, REF), pairs()).metrics
+    m = step_means(dpo(divergence="forward_kl").loss(TablePolicy(REF, REF), pairs()))
     assert m["implicit_rewards/chosen"] == pytest.approx(-0.1)  # beta * f'(1) = 0.1 * (-1/1)

@@ -16,7 +16,7 @@ import torch
 from prefzoo.algos.dpo import DPO, DPOConfig
 from prefzoo.errors import ConfigError
 from prefzoo.types import ObjectiveSettings
-from tests.algos.test_dpo import POLICY, REF, TablePolicy, pairs
+from tests.algos.test_dpo import POLICY, REF, TablePolicy, pairs, step_means
 
 
 def dpo(beta=0.1, **cfg) -> DPO:
@@ -138,7 +138,7 @@ def test_config_validation_names_the_key_and_the_fix(cfg, needle):
 def test_metrics_of_a_sum_are_the_summed_views():
     """With [ipo, sigmoid] the rewards/* metrics are beta times the SUMMED log-ratios (TRL's meaning), as with
     sigmoid alone: rewards/chosen = 0.1 * (0.5 - 1) / 2 = -0.025."""
-    m = dpo(loss_type=["ipo", "sigmoid"]).loss(TablePolicy(POLICY, REF), pairs()).metrics
+    m = step_means(dpo(loss_type=["ipo", "sigmoid"]).loss(TablePolicy(POLICY, REF), pairs()))
     assert m["rewards/chosen"] == pytest.approx(-0.025, abs=1e-7)
     assert m["loss/ipo"] == pytest.approx((21.390625 + 44.444444) / 2, abs=1e-4)
     assert m["loss/sigmoid"] == pytest.approx((0.656350 + 0.854355) / 2, abs=1e-6)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -161,3 +163,53 @@ def test_experience_rows_select_together():
     assert torch.equal(sub.advantages, exp.advantages[[5, 1]])
     assert torch.equal(sub.old_logps, exp.old_logps[[5, 1]])
     assert torch.equal(sub.rewards, exp.rewards[[5, 1]])
+
+
+def _updated_logits(exp, num_minibatches=2, lr=5.0):
+    """The logits after one training step (the loop's optimisation_step) of GRPO with ``num_minibatches``
+    mini-batches in row order, SGD at ``lr``, on the rollout ``exp``; and the step's metrics."""
+    from prefzoo.training.step import mean_metrics, optimisation_step
+
+    algo, policy = make(num_samples=4, num_minibatches=num_minibatches), TwoTokenPolicy()
+    opt = torch.optim.SGD([policy.logits], lr=lr)
+    totals = optimisation_step(algo, policy, exp, opt, None, [policy.logits], None, permutation=lambda n: list(range(n)))
+    return policy.logits.detach(), mean_metrics(totals)
+
+
+def test_one_epoch_of_two_minibatches_takes_the_second_ratio_against_the_sampling_policy():
+    """The defect of the copies (fails before the online family): GRPO kept log pi_old only when epochs > 1, so with
+    ``num_minibatches=2`` and one epoch the second mini-batch -- sampled by the policy BEFORE the first optimizer step
+    -- was trained at ratio exactly 1 (clip_fraction 0, approx_kl 0).
+
+    Rollout: 2 prompts x G = 4, rewards [1, 0, 0, 1 | 1, 1, 0, 0] (both groups informative), mini-batches in row
+    order (prompt 0's group, then prompt 1's). The policy's logits are shared by every row (per position), and SGD at
+    lr 5 moves them by O(1) in the first optimizer step, so on the second mini-batch pi_theta1 / pi_sampling leaves
+    [0.8, 1.2]. Checked against what this test builds itself:
+    (1) the update equals the one on the same rollout with log pi at sampling time stored by hand before any step;
+    (2) clip_fraction is (tokens of the second mini-batch whose ratio at theta_1 is past the clip on its advantage's
+        side) / (tokens of both mini-batches), computed here from theta_1 -- and it is > 0, as is approx_kl;
+    (3) the update at ratio 1 (old_logps removed: the defect) is a different one.
+    """
+    from prefzoo.training.step import accumulate_gradients
+
+    sampler = TwoTokenPolicy()
+    exp, _ = make(num_samples=4, num_minibatches=2).make_experience(sampler, PROMPTS, fixed_scores([1, 0, 0, 1, 1, 1, 0, 0]))
+    assert exp.old_logps is not None
+    by_hand = dataclasses.replace(exp, old_logps=sampler.logps(exp)[0].detach())
+    logits, metrics = _updated_logits(exp)
+    torch.testing.assert_close(logits, _updated_logits(by_hand)[0], rtol=0, atol=0)
+
+    theta_1 = TwoTokenPolicy()  # the first optimizer step alone (prompt 0's group, on-policy: ratio 1)
+    opt = torch.optim.SGD([theta_1.logits], lr=5.0)
+    accumulate_gradients(make(num_samples=4), theta_1, exp.select([0, 1, 2, 3]), 4)
+    opt.step()
+    second = exp.select([4, 5, 6, 7])
+    ratio = torch.exp(theta_1.logps(second)[0].detach() - by_hand.old_logps[4:])
+    adv, mask = second.advantages, second.completion_mask
+    past = ((adv > 0) & (ratio > 1.2)) | ((adv < 0) & (ratio < 0.8))
+    expected = float((past & mask).sum()) / float(exp.completion_mask.sum())
+    assert expected > 0 and metrics["clip_fraction"] == pytest.approx(expected)
+    assert metrics["approx_kl"] > 1e-3 and metrics["ratio_mean"] != 1.0
+
+    at_ratio_one, _ = _updated_logits(dataclasses.replace(exp, old_logps=None))
+    assert (at_ratio_one - logits).abs().max() > 1e-2

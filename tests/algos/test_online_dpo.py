@@ -130,3 +130,76 @@ def test_online_dpo_runs_two_steps_on_the_tiny_model(tmp_path):
     for key in ("reward", "reward_std", "kl", "entropy", "frac_ties", "rewards/accuracies", "rewards/margins"):
         assert key in metrics, key
     assert summary["steps"] == 2
+
+
+def test_exo_pair_without_label_smoothing_is_refused_up_front_as_dpo_refuses_it():
+    """EXO's loss has log eps in it: eps = label_smoothing = 0 is refused at construction (the CLI's pre-flight),
+    in one line naming the key and EXO's value, as algo=dpo does (before: accepted, failing at the first loss)."""
+    with pytest.raises(ConfigError, match=r"algo.loss_type=exo_pair needs algo.label_smoothing > 0 .*1e-3"):
+        make(loss_type="exo_pair")
+
+
+def test_apo_zero_reads_each_side_by_hand():
+    """APO-zero (D'Oosterlinck et al. 2024, eq. 7) on each side's score s = beta log(pi/pi_ref) = 0.5 rho.
+    Pair 0: chosen row 1 (rho -0.1, s_w = -0.05), rejected row 0 (rho 0.2, s_l = 0.1):
+    1 - sigma(-0.05) + sigma(0.1) = 1 - 0.4875026 + 0.5249792 = 1.0374766. Pair 2: rows 4 and 5 (rho 0.3 both):
+    1 - sigma(0.15) + sigma(0.15) = 1. The tie (pair 1): 0. Mean over the 3 pairs: 2.0374766 / 3 = 0.6791589.
+    (Before: the plugin passed a bare margin, and apo_zero refused it at the first loss.)"""
+    policy = PairPolicy()
+    algo = make(loss_type="apo_zero")
+    batch, _ = algo.make_experience(policy, PROMPTS, REWARDS)
+    out = algo.loss(policy, batch)
+    assert out.values.tolist() == pytest.approx([1.0374766, 0.0, 1.0], abs=1e-6)
+    assert float(out.values.mean()) == pytest.approx(0.6791589, abs=1e-6)
+
+
+def test_aot_sorts_only_the_untied_pairs():
+    """AOT (paired) sorts the policy's and the reference's margins over the batch and takes -log sigma of the sorted
+    differences. Untied pairs: 0 (chosen row 1, rejected row 0) and 2 (rows 4, 5). Policy margins beta (log pi_w -
+    log pi_l): 0.5 (-2.0 + 1.0) = -0.5 and 0.5 (-0.7 + 0.9) = 0.1; reference (log pi_ref = log pi - rho):
+    0.5 (-1.9 + 1.2) = -0.35 and 0.5 (-1.0 + 1.2) = 0.1. Sorted differences: (-0.5 + 0.35, 0.1 - 0.1) = (-0.15, 0),
+    losses log(1 + e^0.15) = 0.7709570 and log 2 = 0.6931472; the tie adds 0: mean over 3 pairs 0.4880347. Sorting the
+    tie in too (its margins -0.5 and -0.75) would give (0.25, -0.15, 0) and another mean."""
+    policy = PairPolicy()
+    algo = make(loss_type="aot")
+    batch, _ = algo.make_experience(policy, PROMPTS, REWARDS)
+    out = algo.loss(policy, batch)
+    assert float(out.values.mean()) == pytest.approx((0.7709570 + 0.6931472) / 3, abs=1e-6)
+
+
+LOSS_TYPES = ["sigmoid", "ipo", "hinge", "robust", "exo_pair", "nca_pair", "sppo_hard", "apo_zero", "apo_down",
+              "bco_pair", "discopop", "aot", "aot_unpaired", "sft", ["sigmoid", "sft"]]
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES, ids=str)
+def test_every_loss_type_of_dpo_trains_two_steps(loss_type):
+    """Every loss type DPO has (the list is written out here, not read from the code) trains two steps of the loop's
+    optimisation step on fresh pairs: finite losses, the untied pairs' log-probs move, the tie's does not (its rows
+    3 and 2 get no gradient). exo_pair runs at EXO's eps 1e-3. (Before: 8 of the 14 passed validation, then failed
+    at the first loss.)"""
+    from prefzoo.training.step import mean_metrics, optimisation_step
+
+    policy = PairPolicy()
+    algo = make(loss_type=loss_type, label_smoothing=1e-3 if loss_type == "exo_pair" else 0.0)
+    before = policy.logp.detach().clone()
+    opt = torch.optim.SGD([policy.logp], lr=0.5)
+    for _ in range(2):
+        batch, _ = algo.make_experience(policy, PROMPTS, REWARDS)
+        metrics = mean_metrics(optimisation_step(algo, policy, batch, opt, None, [policy.logp], 2))
+        algo.after_step(metrics, len(batch))
+        assert math.isfinite(metrics["loss"]), metrics
+    moved = (policy.logp.detach() - before).abs()
+    assert moved[[2, 3]].tolist() == [0.0, 0.0]
+    assert moved[[1, 4]].min() > 0  # the chosen of each untied pair (sft reads the chosen alone)
+
+
+def test_a_weighted_list_of_loss_types_runs_through_the_loop_on_the_tiny_model(tmp_path):
+    """The loop's path for a stateful link (bco_pair's running shift, folded in after_step) in a weighted list."""
+    from prefzoo.training.loop import Trainer
+
+    cfg = compose(["algo=online_dpo", "algo.loss_type=[bco_pair,sft]", "algo.loss_weights=[1.0,0.5]", "reward=sentiment",
+                   LETTER_REWARD, "trainer.max_steps=2", "trainer.lr=0.01", "algo.judge=bradley_terry"] + TINY_RUN)
+    summary = Trainer(cfg, tmp_path).run()
+    metrics = summary["final_train_metrics"]
+    assert summary["steps"] == 2 and math.isfinite(metrics["loss"])
+    assert metrics["loss/bco_pair"] > 0 and metrics["loss/sft"] > 0 and "bco/reward_shift" in metrics

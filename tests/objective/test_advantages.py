@@ -77,7 +77,7 @@ def test_group_of_one_gives_zero():
 
 
 def test_group_advantages_errors():
-    with pytest.raises(ObjectiveError, match="multiple of group_size=4"):
+    with pytest.raises(ObjectiveError, match="multiple of num_samples=4"):
         group_advantages(torch.zeros(6), 4, "group", 1e-4)
     with pytest.raises(ObjectiveError, match="'group', 'batch', 'none'"):
         group_advantages(torch.zeros(4), 2, "rank", 1e-4)
@@ -85,7 +85,7 @@ def test_group_advantages_errors():
         group_advantages(torch.zeros(2, 2), 2, "group", 1e-4)
     with pytest.raises(ObjectiveError, match="NaN"):
         group_advantages(torch.tensor([0.0, float("nan")]), 2, "group", 1e-4)
-    with pytest.raises(ObjectiveError, match="group_size"):
+    with pytest.raises(ObjectiveError, match="num_samples"):
         group_advantages(torch.zeros(4), 0, "group", 1e-4)
 
 

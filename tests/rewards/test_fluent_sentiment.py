@@ -2,7 +2,7 @@
 
 Every expected value is derived by hand from VADER's lexicon (good = 1.9, great = 3.1, bad = -2.5; compound =
 s / sqrt(s^2 + 15) for a sum of valences s, no booster words or exclamation marks here) and the tokenisation of
-prefzoo.evaluation.diversity.words (lower-cased words and punctuation marks).
+prefzoo.text.words (lower-cased words and punctuation marks).
 """
 
 import math

@@ -2,14 +2,15 @@
 
 Sampling from the merged-weights copy (W + s B A, rounded once) is sampling from other weights than the trainer's
 LoRA model (x W + s (x A) B): with ``report_logps`` the engine returns the log-probs it sampled with, and
-:func:`prefzoo.algos.sampled.sample_and_score` logs ``engine/logp_diff_{mean,max,signed}`` against the trainer's
+:func:`prefzoo.algos.online.sample_and_score` logs ``engine/logp_diff_{mean,max,signed}`` against the trainer's
 recomputation, as it does for vLLM. Before: the hf engine never reported them (``sample_logps`` None: no metric).
 """
 
 import torch
 
-from prefzoo.algos.sampled import sample_and_score
+from prefzoo.algos.online import sample_and_score
 from prefzoo.models.policy import CausalLMPolicy
+from prefzoo.models.merged import merged_copy
 from prefzoo.rollout.engine import HFEngine
 from prefzoo.types import SamplingParams
 from tests.models.helpers import prompt_batch, tokenizer
@@ -32,7 +33,7 @@ def test_merged_rollouts_report_their_logps_and_the_mismatch_is_logged():
     """The metric equals the mean |log pi_trainer - log pi_rollout| over the counted tokens computed here from the two
     log-probs; float32 rounding of the merge keeps it below 1e-5 nats (seen: mean 1.9e-6, max 5.7e-6), and it is not
     zero (the two weights do differ by rounding: the metric measures something)."""
-    p = policy(merged_rollout=True, report_logps=True)
+    p = policy(merged_copy=merged_copy, report_logps=True)
     r = sample_and_score(p, prompt_batch(PROMPTS), zero_reward, 2, PARAMS, need_logps=False)
     sampled, mask = r.samples.sample_logps, r.samples.completion_mask
     assert sampled is not None and r.logps is not None
@@ -46,7 +47,7 @@ def test_merged_rollouts_report_their_logps_and_the_mismatch_is_logged():
 def test_no_report_without_the_option_or_without_the_merged_copy():
     """report_logps off (the default): nothing reported, no extra pass, no metric. The plain LoRA model (no copy):
     the samples are the trainer's own, nothing to compare."""
-    for engine in ({"merged_rollout": True}, {"merged_rollout": False, "report_logps": True}):
+    for engine in ({"merged_copy": merged_copy}, {"merged_copy": None, "report_logps": True}):
         r = sample_and_score(policy(**engine), prompt_batch(PROMPTS), zero_reward, 2, PARAMS, need_logps=False)
         assert r.samples.sample_logps is None and r.logps is None
         assert not any(k.startswith("engine/") for k in r.metrics)

@@ -100,7 +100,7 @@ def test_grpo_steps_log_the_mismatch_and_the_engine_follows_every_update(trainer
     from prefzoo.rollout.engine import HFEngine
 
     policy = trainer.policy
-    hf = HFEngine(merged_rollout=False)
+    hf = HFEngine()
     batch = prompts(trainer, [0, 1, 2, 3])
     before = greedy(policy, hf, batch).completion_ids
     syncs = policy.engine.syncs

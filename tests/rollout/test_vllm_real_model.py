@@ -53,7 +53,7 @@ def test_real_model_samples_agree_with_the_trainer_and_follow_two_steps(trainer)
     assert policy.engine.syncs >= 2
     batch = trainer.eval_prompts.batch([0, 1], policy.pad_id)
     params = SamplingParams(max_new_tokens=32, greedy=True)
-    hf, ids = HFEngine(merged_rollout=False), dict(eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id)
+    hf, ids = HFEngine(), dict(eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id)
     ours = policy.engine.sample(policy.model, batch, 1, params, **ids)
     theirs = hf.sample(policy.model, batch, 1, params, **ids)
     assert torch.equal(ours.completion_ids, theirs.completion_ids)

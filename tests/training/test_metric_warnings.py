@@ -13,11 +13,11 @@ from prefzoo.algos.base import MetricWarning
 from prefzoo.training.loop import Trainer
 from prefzoo.training.watch import MetricWatch
 from tests.algos.hydra_runs import TINY_RUN, compose
-from prefzoo.cli import declaration_of
+from prefzoo.training.plugin import build_algorithm
 
 
 def _watched(overrides: list[str]) -> dict[str, MetricWarning]:
-    return {w.metric: w for w in declaration_of(compose(["model=tiny", *overrides])).warnings}
+    return {w.metric: w for w in build_algorithm(compose(["model=tiny", *overrides])).declaration.warnings}
 
 
 def test_the_watch_warns_once_per_streak_of_n_steps():

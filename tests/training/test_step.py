@@ -48,7 +48,7 @@ def _bare_trainer(algo, policy, align_orders: bool = True):
 
     tr = object.__new__(Trainer)
     tr.algo, tr.policy, tr.dp, tr.train_module, tr.scorer = algo, policy, DataParallel(), None, None
-    tr.needs = algo.declaration
+    tr.declaration = algo.declaration
     tr.params = [p for p in policy.parameters() if p.requires_grad]
     tr.optimizer = torch.optim.Adam(tr.params, lr=LR, betas=(0.9, 0.999))
     tr.scheduler = torch.optim.lr_scheduler.LambdaLR(tr.optimizer, lambda s: 1.0)

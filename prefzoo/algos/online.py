@@ -1,0 +1,429 @@
+"""The online policy-gradient family, composed once: GRPO, GSPO, CISPO, RLOO and REINFORCE++ (and the parts PPO and
+Online DPO share).
+
+A member of the family is a plugin class (``@register``) deriving from :class:`OnlinePolicyGradient`, the family's
+body (not a plugin: no name, never registered), that gives only what makes it itself:
+
+* its config, a dataclass deriving from :class:`OnlineConfig` (G = ``num_samples``, ``loss_aggregation``,
+  ``epochs``, ``num_minibatches``, ``mask_truncated``) with its own fields and defaults;
+* its checks, ``validate_settings``, which calls :func:`check_online_settings` (and :func:`check_policy_clip`
+  when it clips a ratio);
+* ``declare``: one call of :func:`online_declaration` (its progress-bar keys; whether the group is its baseline);
+* ``advantages(rollout, penalty)``: per-sequence (B,) or per-token (B, T) advantages of a scored rollout, from a
+  function of :mod:`prefzoo.objective` (group-relative, leave-one-out, reward-to-go);
+* ``policy_loss(logps, old_logps, batch)``: the per-token loss and where it clipped, from a function of
+  :mod:`prefzoo.objective` (the clipped surrogate, the sequence clip, CISPO's weight, REINFORCE).
+
+One step, top to bottom (the loop calls ``make_experience`` once per step, then ``loss`` per micro-batch):
+
+1. :func:`sample_and_score`: G completions per prompt, their rewards; without gradients, log pi at sampling time
+   when it is needed (:func:`stores_old_logps`, or the KL in the reward) and log pi_ref when the run has a
+   reference; the shared rollout metrics.
+2. The KL penalty per token, -beta k(log pi_old/pi_ref) (0 unless ``objective.kl_placement=in_reward``, beta > 0).
+3. The member's ``advantages``; a sequence advantage is repeated over its row's tokens (0 on padding); a rollout
+   engine's truncated importance weights multiply them (:func:`corrected_advantages`).
+4. The experience keeps log pi_old whenever an update after the first sees the rollout (:func:`stores_old_logps`):
+   several epochs OR several mini-batches. Once the first mini-batch's optimizer step has moved the policy, every
+   later mini-batch is off-policy and its ratio must be taken against the sampling policy (TRL does the same
+   when ``steps_per_generation > gradient_accumulation_steps``). With one optimizer step per rollout, log pi_old
+   is the update's own ``logps.detach()`` (ratio exactly 1) and no extra pass is made.
+5. ``loss``: one forward pass (log-probs and entropy at the sampling temperature), the member's
+   ``policy_loss`` over the loss tokens (``batch.loss_mask``), the KL-as-loss term (:func:`add_kl_loss`), and the
+   metrics of :func:`update_metrics`.
+
+The loss tokens. Every loss, KL and entropy term and every per-token count runs over ``batch.loss_mask``: the
+policy's own tokens (the completion mask, minus the rows ``mask_truncated`` drops). The drift metrics (``kl``)
+are over the completion mask.
+
+Metrics (the schema every online plugin shares): ``reward``, ``reward_std``, ``kl`` / ``kl_k1`` / ``kl_k3``
+(KL(pi || pi_ref) per sequence, nats), ``non_score_reward`` (mean over sequences of the summed KL penalty in the
+reward), ``kl_loss`` (the KL loss term's token mean), ``clip_fraction``, ``ratio_mean``, ``approx_kl``
+(KL(pi_old || pi_theta) per token, k3), ``entropy`` (nats per token), ``frac_zero_std_groups``,
+``completion_length``, ``completion_length_max``, ``frac_truncated``, ``generated_tokens_per_second``; timings;
+with a rollout engine that reports its log-probs, ``engine/*`` (:func:`engine_correction`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
+from prefzoo.errors import ConfigError
+from prefzoo.objective import (ADVANTAGE_SCALES, group_advantages, kl_loss, kl_penalty_rewards, masked_sum, ratio_statistics, sampler_mismatch,
+                               sequence_kl, truncated_is_weights)
+from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
+                           SequenceBatch)
+
+__all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolicyGradient", "group_relative_advantages",
+           "check_group_relative_settings", "check_adaptive_start", "PolicyLoss", "Rollout", "drift_metrics",
+           "sample_and_score", "sample_metrics", "update_metrics", "add_kl_loss", "check_online_settings",
+           "check_policy_clip", "online_declaration", "stores_old_logps", "zero_spread_warning", "ZERO_SPREAD_STEPS",
+           "engine_correction", "corrected_advantages"]
+
+#: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
+#: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
+AGGREGATION_OF = {"grpo": "sequence_mean", "dr_grpo": "constant", "dapo": "token_mean"}
+
+
+@dataclass
+class OnlineConfig(AlgoConfig):
+    """The settings every member of the family has (its config derives from this one).
+
+    Attributes:
+        num_samples: G, completions sampled per prompt.
+        loss_aggregation: ``grpo`` | ``dr_grpo`` | ``dapo`` (:data:`AGGREGATION_OF`).
+        epochs: passes over each rollout (GRPO's mu, TRL's ``num_iterations``).
+        num_minibatches: optimizer steps per pass.
+        mask_truncated: completions without EOS contribute no loss.
+    """
+
+    # With the arithmetic task's exact-match reward, G = 4 and SmolLM2-135M: at temperature 1.0 only ~4% of samples
+    # are right and most groups are all-wrong (zero advantage, no gradient); at 0.7 ~15% are. 8 prompts per step
+    # double the informative groups per step.
+    default_temperature: float = 0.7
+    default_batch_size: int = 8
+    num_samples: int = 4
+    loss_aggregation: str = "grpo"
+    epochs: int = 1
+    num_minibatches: int = 1
+    mask_truncated: bool = False
+
+
+@dataclass
+class GroupRelativeConfig(OnlineConfig):
+    """The config of the members whose advantage is GRPO's group-relative one (GRPO, GSPO, CISPO), with their common
+    defaults: no KL term (beta = 0: DeepSeek-R1, Dr. GRPO, DAPO, GSPO and CISPO drop it); with beta > 0, k3 as a loss.
+
+    Attributes:
+        scale_rewards: ``group`` | ``batch`` | ``none`` (:data:`prefzoo.objective.ADVANTAGE_SCALES`).
+        advantage_eps: added to the std before dividing.
+    """
+
+    default_beta: float = 0.0
+    default_kl_estimator: str = "k3"
+    default_kl_placement: str = "as_loss"
+    scale_rewards: str = "group"
+    advantage_eps: float = 1e-4
+
+
+def check_online_settings(cfg: OnlineConfig, objective: ObjectiveSettings, min_samples: int = 1,
+                          why: str = "") -> None:
+    """The checks every member's config shares: ``num_samples`` >= ``min_samples`` (``why``: what the others are
+    for), ``loss_aggregation``, ``epochs`` and ``num_minibatches`` >= 1, and the adaptive controller's starting beta.
+
+    Raises:
+        ConfigError: the first bad value, naming its key and the valid range.
+    """
+    if not cfg.num_samples >= min_samples:
+        raise ConfigError(f"algo.num_samples={cfg.num_samples}: algo={cfg.name} needs at least {min_samples} "
+                          f"completion{'s' if min_samples > 1 else ''} per prompt{f' ({why})' if why else ''}.")
+    if cfg.loss_aggregation not in AGGREGATION_OF:
+        raise ConfigError(f"algo.loss_aggregation={cfg.loss_aggregation!r}; choose one of {', '.join(AGGREGATION_OF)}.")
+    if cfg.epochs < 1 or cfg.num_minibatches < 1:
+        raise ConfigError(f"algo.epochs={cfg.epochs} and algo.num_minibatches={cfg.num_minibatches} must be >= 1.")
+    check_adaptive_start(objective)
+
+
+def check_adaptive_start(objective: ObjectiveSettings) -> None:
+    """The adaptive KL controller (Ziegler et al. 2019) scales beta multiplicatively: it needs a starting beta > 0.
+
+    Raises:
+        ConfigError: naming ``objective.beta``.
+    """
+    if objective.kl_controller == "adaptive" and not objective.beta > 0:
+        raise ConfigError("the adaptive KL controller needs a starting objective.beta > 0.")
+
+
+def check_group_relative_settings(cfg: GroupRelativeConfig, objective: ObjectiveSettings) -> None:
+    """The checks of a member with GRPO's advantages: :func:`check_online_settings` with G >= 2 (the group is the
+    baseline), and ``algo.scale_rewards`` one of :data:`prefzoo.objective.ADVANTAGE_SCALES`.
+
+    Raises:
+        ConfigError: the first bad value, naming its key and the valid values.
+    """
+    check_online_settings(cfg, objective, min_samples=2, why="the group is the baseline")
+    if cfg.scale_rewards not in ADVANTAGE_SCALES:
+        raise ConfigError(f"algo.scale_rewards={cfg.scale_rewards!r}; choose one of {', '.join(ADVANTAGE_SCALES)}.")
+
+
+def check_policy_clip(cfg) -> None:
+    """PPO's ratio clip: ``algo.clip_eps_low`` in [0, 1) and ``algo.clip_eps_high`` >= 0.
+
+    Raises:
+        ConfigError: naming both keys and their ranges.
+    """
+    if not 0 <= cfg.clip_eps_low < 1 or cfg.clip_eps_high < 0:
+        raise ConfigError(f"algo.clip_eps_low={cfg.clip_eps_low} must be in [0, 1) and algo.clip_eps_high="
+                          f"{cfg.clip_eps_high} >= 0.")
+
+
+def stores_old_logps(epochs: int, num_minibatches: int) -> bool:
+    """Whether a rollout must keep log pi_old (one no-grad pass at sampling time): True when any update after the
+    first sees it, i.e. ``epochs * num_minibatches > 1`` (the later optimizer steps are off-policy)."""
+    return epochs * num_minibatches > 1
+
+
+#: steps in a row with every group's rewards equal before :func:`zero_spread_warning` is printed
+ZERO_SPREAD_STEPS = 5
+
+
+def zero_spread_warning(num_samples: int, temperature: float, steps: int = ZERO_SPREAD_STEPS) -> MetricWarning:
+    """The warning of a plugin whose baseline is the group: every group of ``num_samples`` completions scored alike
+    (``frac_zero_std_groups`` = 1) means every advantage is 0, and the reward teaches the policy nothing."""
+    return MetricWarning(
+        "frac_zero_std_groups", 1.0, steps,
+        f"every group of algo.num_samples={num_samples} completions got one reward, so every advantage is 0 and the "
+        "policy learns nothing from the reward. The reward is likely too hard (all 0) or too easy (all the same high "
+        f"value) for this model, or the samples too alike: raise rollout.temperature={temperature:g} or "
+        "algo.num_samples, or use an easier task or a reward that gives partial credit.")
+
+
+def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_baseline: bool = True) -> Declaration:
+    """The declaration of a member: a reference only when beta > 0 (or adaptive), rollouts scored by the run's reward,
+    the loss reduction of ``algo.cfg.loss_aggregation`` (Dr. GRPO's constant is the sampling budget
+    ``max_new_tokens``), the config's epochs, mini-batches and G; with ``group_baseline`` (the group is each sample's
+    baseline) the :func:`zero_spread_warning`."""
+    cfg, aggregation = algo.cfg, AGGREGATION_OF[algo.cfg.loss_aggregation]
+    warnings = (zero_spread_warning(cfg.num_samples, algo.sampling.temperature),) if group_baseline else ()
+    return Declaration(
+        reference=algo.beta > 0 or algo.objective.kl_controller == "adaptive", online=True, reward=True,
+        aggregation=aggregation,
+        aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
+        epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
+        progress_keys=progress_keys, warnings=warnings)
+
+
+# ----------------------------------------------------------------------------------------------- the rollout
+def drift_metrics(logps: Tensor, ref_logps: Tensor, mask: Tensor) -> dict[str, float]:
+    """KL(pi || pi_ref) per sequence (k1 and k3 estimates, nats, mean over rows) of sampled completions."""
+    out = {f"kl_{k}": sequence_kl(logps, ref_logps, mask, k).mean().item() for k in ("k1", "k3")}
+    out["kl"] = out["kl_k1"]
+    return out
+
+
+@dataclass
+class Rollout:
+    """A scored rollout. B = prompts x G rows, T = completion positions.
+
+    Attributes:
+        samples: the completions (grouped: rows [i*G, (i+1)*G) answer prompt i).
+        rewards: Shape (B,) float32, the run's reward of each completion.
+        logps: Shape (B, T), log pi at sampling time (no grad) when asked for, else None.
+        ref_logps: Shape (B, T), log pi_ref when the run has a reference, else None.
+        metrics: :func:`sample_metrics`, drift (``kl``, ``kl_k1``, ``kl_k3``: KL(pi || pi_ref) per sequence, nats,
+            when both log-probs exist), timings; with a rollout engine that reports its log-probs, the mismatch
+            (:func:`engine_correction`).
+        is_weights: Shape (B, T), the truncated importance-sampling weights of the engine's samples
+            (``sampling.is_correction_cap`` set and the engine reported log-probs), else None.
+    """
+
+    samples: SequenceBatch
+    rewards: Tensor
+    logps: Tensor | None
+    ref_logps: Tensor | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    is_weights: Tensor | None = None
+
+
+def engine_correction(samples: SequenceBatch, logps: Tensor, cap: float | None
+                      ) -> tuple[Tensor | None, dict[str, float]]:
+    """The engine/trainer mismatch of a rollout and, with ``cap``, its truncated importance-sampling weights.
+
+    ``samples.sample_logps`` are the log-probs the rollout engine sampled with (None for the hf engine, which is the
+    trainer's own model: then nothing to report); ``logps`` the trainer's recomputation at sampling time (no grad,
+    the sampling temperature), Shape (B, T). Metrics, in nats per token over the counted tokens:
+    ``engine/logp_diff_mean`` and ``engine/logp_diff_max`` (mean and max |log pi_trainer - log pi_engine|),
+    ``engine/logp_diff_signed``; with ``cap``, ``engine/is_weight_mean``, ``engine/is_weight_min`` and
+    ``engine/is_weight_capped`` (the share of tokens whose weight is the cap).
+
+    Returns:
+        (weights Shape (B, T) or None without ``cap``, metrics); (None, {}) when the engine reported no log-probs.
+    """
+    if samples.sample_logps is None:
+        return None, {}
+    mask = samples.completion_mask
+    metrics = {f"engine/{k}": v for k, v in sampler_mismatch(logps, samples.sample_logps, mask).items()}
+    if cap is None:
+        return None, metrics
+    weights = truncated_is_weights(logps, samples.sample_logps, mask, cap)
+    n = max(int(mask.sum()), 1)
+    metrics.update({"engine/is_weight_mean": float(weights[mask].sum() / n),
+                    "engine/is_weight_min": float(weights[mask].min()) if mask.any() else 1.0,
+                    "engine/is_weight_capped": float((weights[mask] >= cap).sum() / n)})
+    return weights, metrics
+
+
+def corrected_advantages(advantages: Tensor, is_weights: Tensor | None) -> Tensor:
+    """Per-token advantages times the truncated importance-sampling weights (unchanged when None).
+
+    For a loss linear in the advantage with a positive factor (the clipped surrogate, REINFORCE, CISPO) this is the
+    truncated IS correction of the loss itself (:func:`prefzoo.objective.truncated_is_weights`); the KL term is not
+    weighted (as in TRL). Shape (B, T) -> (B, T)."""
+    return advantages if is_weights is None else advantages * is_weights.to(advantages.dtype)
+
+
+def sample_metrics(samples: SequenceBatch, rewards: Tensor, generation_seconds: float) -> dict[str, float]:
+    """The rollout metrics every online plugin logs: ``reward`` / ``reward_std`` (over completions),
+    ``completion_length`` / ``completion_length_max`` (tokens, EOS included), ``frac_truncated`` (no EOS),
+    ``generated_tokens_per_second`` and ``time/generation`` (seconds)."""
+    lengths = samples.completion_mask.sum(-1).float()
+    return {
+        "reward": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "completion_length": lengths.mean().item(), "completion_length_max": lengths.max().item(),
+        "frac_truncated": samples.truncated.float().mean().item() if samples.truncated is not None else 0.0,
+        "generated_tokens_per_second": int(samples.completion_mask.sum()) / max(generation_seconds, 1e-9),
+        "time/generation": generation_seconds,
+    }
+
+
+def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_samples: int, sampling: SamplingParams,
+                     need_logps: bool) -> Rollout:
+    """Sample ``num_samples`` completions per prompt with ``sampling``, score them, and (without gradients) compute
+    log pi at sampling time if ``need_logps`` and log pi_ref if the policy has a reference.
+
+    When the rollout engine reports its own log-probs (``samples.sample_logps``: ``rollout.engine=vllm``), log pi at
+    sampling time is computed whatever ``need_logps`` (one no-grad pass) for the mismatch metrics and, with
+    ``sampling.is_correction_cap``, the rollout's ``is_weights`` (:func:`engine_correction`)."""
+    t0 = time.perf_counter()
+    samples = policy.sample(prompts, num_samples, sampling)
+    t1 = time.perf_counter()
+    rewards = score(samples, prompts).float()
+    mask = samples.completion_mask
+    need_logps = need_logps or samples.sample_logps is not None
+    logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
+    ref_logps = policy.ref_logps(samples, sampling.temperature) if policy.reference is not None else None
+    t2 = time.perf_counter()
+    metrics = drift_metrics(logps, ref_logps, mask) if logps is not None and ref_logps is not None else {}
+    is_weights, engine_metrics = engine_correction(samples, logps, sampling.is_correction_cap)
+    metrics.update(engine_metrics)
+    grouped = rewards.view(-1, num_samples)
+    metrics.update(sample_metrics(samples, rewards, t1 - t0))
+    metrics.update({"frac_zero_std_groups": (grouped.max(-1).values == grouped.min(-1).values).float().mean().item(),
+                    "time/scoring_and_ref": t2 - t1})
+    return Rollout(samples, rewards, logps, ref_logps, metrics, is_weights)
+
+
+def group_relative_advantages(algo: Algorithm, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """GRPO's advantages (Shao et al. 2024, sec. 4.1.2), the ``advantages`` of GRPO, GSPO and CISPO:
+
+        A_i = (R_i - mean of R over its group) / (std of R over its group + eps),   R_i = r_i + sum_t penalty_{i,t}
+
+    scaled as ``algo.cfg.scale_rewards`` says (:func:`prefzoo.objective.group_advantages`). Shape (B,). Under data
+    parallelism ``scale_rewards=batch``'s std is the global batch's (``algo.all_reduce``)."""
+    c = algo.cfg
+    shaped = rollout.rewards + penalty.sum(-1)
+    return group_advantages(shaped, c.num_samples, c.scale_rewards, c.advantage_eps, all_reduce=algo.all_reduce), {}
+
+
+# -------------------------------------------------------------------------------------------------- the loss
+def update_metrics(logps: Tensor, old_logps: Tensor, mask: Tensor, clipped: Tensor, entropy: Tensor | None,
+                   ref_logps: Tensor | None, on_policy_pass: bool, completion_mask: Tensor
+                   ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """The loss side of the schema: (per-row metrics, per-token (sum, count) pairs).
+
+    ``clip_fraction``, ``ratio_mean``, ``approx_kl`` (:func:`prefzoo.objective.ratio_statistics`), ``entropy``;
+    and, when ``on_policy_pass`` (no stored old log-probs: these log-probs ARE the sampling policy's) and a
+    reference exists, the drift metrics of the rollout from this very forward pass (no extra pass).
+    """
+    metrics = drift_metrics(logps, ref_logps, completion_mask) if on_policy_pass and ref_logps is not None else {}
+    tokens = ratio_statistics(logps, old_logps, mask, clipped)
+    if entropy is not None:
+        tokens["entropy"] = (float(masked_sum(entropy, mask)), float(mask.sum()))
+    return metrics, tokens
+
+
+def add_kl_loss(per_token: Tensor, logps: Tensor, ref_logps: Tensor | None, mask: Tensor, beta: float,
+                objective: ObjectiveSettings, tokens: dict[str, tuple[float, float]]) -> Tensor:
+    """``per_token + beta * k(log pi/pi_ref)`` when the objective puts the KL in the loss (beta > 0), logging
+    ``kl_loss`` (the term's token mean); ``per_token`` unchanged otherwise."""
+    if not (beta > 0 and objective.kl_placement == "as_loss"):
+        return per_token
+    kl_tokens = kl_loss(logps, ref_logps, mask, objective.kl_estimator)
+    tokens["kl_loss"] = (float(masked_sum(kl_tokens.detach(), mask)), float(mask.sum()))
+    return per_token + beta * kl_tokens
+
+
+@dataclass
+class PolicyLoss:
+    """What a member's ``policy_loss`` returns.
+
+    Attributes:
+        per_token: Shape (B, T), the loss of each loss token (0 elsewhere), with gradients.
+        clipped: Shape (B, T) bool, the tokens where the clip was active (``clip_fraction``).
+        metrics: extra per-row metrics (e.g. GSPO's ``sequence_clip_fraction``).
+        tokens: extra per-token (sum, count) metrics; a name here replaces the shared one (GSPO's ``ratio_mean``).
+    """
+
+    per_token: Tensor
+    clipped: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+class OnlinePolicyGradient(Algorithm):
+    """The family's body (see the module docstring): rollout, advantages' broadcast, log pi_old, loss, KL term and
+    metrics, once. Not a plugin: a member derives from it and gives its config, checks, ``advantages`` and
+    ``policy_loss`` (and its ``progress_keys``, or a ``declare`` of its own).
+
+    Class attributes:
+        progress_keys: the metrics on the progress bar (:func:`online_declaration`).
+    """
+
+    progress_keys: tuple[str, ...] = ("reward", "kl_k3", "clip_fraction")
+
+    def declare(self) -> Declaration:
+        """:func:`online_declaration` with the member's ``progress_keys``; the group is the baseline."""
+        return online_declaration(self, self.progress_keys)
+
+    def loss_mask(self, batch: Experience) -> Tensor:
+        return batch.loss_mask
+
+    def stores_old_logps(self) -> bool:
+        """Whether this plugin's rollouts keep log pi_old (:func:`stores_old_logps` of its epochs x mini-batches)."""
+        return stores_old_logps(self.cfg.epochs, self.cfg.num_minibatches)
+
+    def advantages(self, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """The member's advantages: (Shape (B,) per sequence or (B, T) per token, extra rollout metrics).
+        ``penalty`` (B, T) is the per-token KL penalty -beta k(log pi_old/pi_ref) (0 unless the KL is in the reward)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement advantages()")
+
+    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+        """The member's per-token loss on ``batch.loss_mask`` (logps with gradients, old_logps without)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement policy_loss()")
+
+    @torch.no_grad()
+    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
+        c, o = self.cfg, self.objective
+        in_reward = self.beta > 0 and o.kl_placement == "in_reward"
+        # a no-grad pass of the policy only where log pi at sampling time is needed before the update; with one
+        # optimizer step the drift metrics come from the update's own forward pass (update_metrics)
+        r = sample_and_score(policy, prompts, score, c.num_samples, self.sampling,
+                             need_logps=self.stores_old_logps() or in_reward)
+        mask = r.samples.completion_mask
+        penalty = (kl_penalty_rewards(r.logps, r.ref_logps, mask, self.beta, o.kl_estimator) if in_reward
+                   else torch.zeros(mask.shape, device=mask.device))
+        advantages, extra = self.advantages(r, penalty)
+        if advantages.dim() == 1:  # a sequence advantage on every token of its row
+            advantages = torch.where(mask, advantages[:, None].float(), torch.zeros((), device=mask.device))
+        advantages = corrected_advantages(advantages.float(), r.is_weights)  # rollout.is_correction_cap
+        loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
+        metrics = dict(r.metrics, non_score_reward=penalty.sum(-1).mean().item(), **extra)
+        return Experience.from_samples(r.samples, rewards=r.rewards, advantages=advantages, loss_mask=loss_mask,
+                                       old_logps=r.logps if self.stores_old_logps() else None,
+                                       ref_logps=r.ref_logps), metrics
+
+    def loss(self, policy: Policy, batch: Experience) -> LossOutput:
+        logps, entropy = policy.logps(batch, self.sampling.temperature, with_entropy=True)
+        old_logps = batch.old_logps if batch.old_logps is not None else logps.detach()
+        mask = batch.loss_mask
+        out = self.policy_loss(logps, old_logps, batch)
+        metrics, tokens = update_metrics(logps, old_logps, mask, out.clipped, entropy, batch.ref_logps,
+                                         batch.old_logps is None, batch.completion_mask)
+        metrics.update(out.metrics)
+        tokens.update(out.tokens)
+        per_token = add_kl_loss(out.per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens)
+        return LossOutput(per_token, mask, metrics, tokens)
