@@ -243,7 +243,7 @@ def _run_files(run_dir: Path) -> tuple[Path, Path]:
            "config.yaml); a run that stopped early continues with trainer.resume=true hydra.run.dir=<folder>")
     if not run_dir.is_dir():
         raise RunFolderError(f"prefzoo.load_policy: {run_dir} is not a folder; {fix}.")
-    from prefzoo.training.run_folder import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
+    from prefzoo.training.layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
 
     config = run_dir / CONFIG_FILE
     weights = next((run_dir / w for w in (ADAPTER_DIR, MODEL_DIR) if (run_dir / w).is_dir()), None)
@@ -297,7 +297,7 @@ def load_policy(run_dir: str | Path, device: str = "cpu"):
 
     from prefzoo.config import Config, TrainerConfig
     from prefzoo.models.loading import load_causal_lm, load_tokenizer
-    from prefzoo.training.run_folder import ADAPTER_DIR
+    from prefzoo.training.layout import ADAPTER_DIR
     from prefzoo.training.setup import build_base_model
 
     run_dir = Path(run_dir)

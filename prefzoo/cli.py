@@ -37,12 +37,24 @@ RENAMED_KEYS = {
 }
 
 
+#: keys renamed for one algorithm only (the same key is current for the others): algo name -> {old key: new key}
+RENAMED_KEYS_OF = {
+    "cispo": {"algo.clip_eps_low": "algo.is_clip_eps_low (CISPO bounds an importance WEIGHT, not PPO's ratio)",
+              "algo.clip_eps_high": "algo.is_clip_eps_high (CISPO bounds an importance WEIGHT, not PPO's ratio)"},
+}
+
+
 def check_renamed_keys(overrides: list[str]) -> None:
-    """Raise :class:`ConfigError` naming the new key when a command-line override uses a renamed one."""
+    """Raise :class:`ConfigError` naming the new key when a command-line override uses a renamed one (of every
+    algorithm, or of the ``algo=`` the overrides choose)."""
+    chosen = [item.split("=", 1)[1] for item in overrides if item.lstrip("+~").split("=", 1)[0] == "algo"]
+    renamed = dict(RENAMED_KEYS)
+    for name in chosen[-1].split(",") if chosen else ():
+        renamed.update(RENAMED_KEYS_OF.get(name.strip(), {}))
     for item in overrides:
         key = item.lstrip("+~").split("=", 1)[0]
-        if key in RENAMED_KEYS:
-            raise ConfigError(f"{key} was renamed: use {RENAMED_KEYS[key]} (prefzoo uses one spelling per quantity; "
+        if key in renamed:
+            raise ConfigError(f"{key} was renamed: use {renamed[key]} (prefzoo uses one spelling per quantity; "
                               "see docs/algorithms.md, 'Renamed keys').")
 
 

@@ -169,6 +169,19 @@ def test_renamed_keys_fail_naming_the_new_key(old, new):
         check_renamed_keys(["algo=grpo", old])
 
 
+def test_cispos_weight_bounds_have_keys_of_their_own_and_the_ratio_clip_keys_name_them():
+    """CISPO's clip bounds an importance weight, not PPO's ratio (the online-family issue): algo.is_clip_eps_low/high.
+    The ratio-clip keys, current for GRPO, fail for CISPO naming the new key (also in a sweep over both)."""
+    from prefzoo.cli import check_renamed_keys
+
+    for chosen in ("algo=cispo", "algo=grpo,cispo"):
+        with pytest.raises(ConfigError, match="algo.clip_eps_high was renamed: use algo.is_clip_eps_high"):
+            check_renamed_keys([chosen, "algo.clip_eps_high=0.3"])
+    check_renamed_keys(["algo=grpo", "algo.clip_eps_high=0.3"])
+    cfg = typed("algo=cispo", "algo.is_clip_eps_high=0.3")
+    assert (cfg.algo.is_clip_eps_low, cfg.algo.is_clip_eps_high) == (1.0, 0.3)
+
+
 # ------------------------------------------------------------------- NaN / inf, names and paths (issue 17, 13)
 
 def float_keys(node, prefix=""):

@@ -23,8 +23,7 @@ class ChosenNLLConfig(AlgoConfig):
 
 
 class ChosenNLL(Algorithm):
-    name = "chosen_nll"
-    config_class = ChosenNLLConfig
+    config_class = ChosenNLLConfig  # its algo= name is the config's: chosen_nll
 
     @staticmethod
     def validate_settings(cfg, objective):

@@ -28,7 +28,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from prefzoo.training.run_folder import SUMMARY_FILE
+from prefzoo.training.layout import SUMMARY_FILE
 
 log = logging.getLogger(__name__)
 

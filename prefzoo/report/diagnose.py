@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from prefzoo.errors import DataError, PrefzooError, RunFolderError
-from prefzoo.training.run_folder import CONFIG_FILE, EVAL_FILE, METRICS_FILE, SUMMARY_FILE
+from prefzoo.training.layout import CONFIG_FILE, EVAL_FILE, METRICS_FILE, SUMMARY_FILE
 
 __all__ = ["Finding", "Limits", "Run", "load_run", "diagnose", "render", "main"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from prefzoo.training.run_folder import SUMMARY_FILE
+from prefzoo.training.layout import SUMMARY_FILE
 
 __all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval_history", "is_number",
            "is_best_of_n", "analytic_kl"]

@@ -36,7 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from prefzoo.errors import CheckpointError
-from prefzoo.training.run_folder import ADAPTER_DIR, CHECKPOINTS_DIR, MODEL_DIR, RUN_CONFIG_FILE, STATE_FILE
+from prefzoo.training.layout import ADAPTER_DIR, CHECKPOINTS_DIR, MODEL_DIR, RUN_CONFIG_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
 

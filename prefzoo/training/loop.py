@@ -69,8 +69,8 @@ from prefzoo.training.distributed import DataParallel, TrainableModules, setup_d
 from prefzoo.training.model_card import write_model_card
 from prefzoo.training.trackers import open_metrics_log
 from prefzoo.training.resume import continue_schedule, run_config
-from prefzoo.training.run_folder import (CONFIG_FILE, EVAL_FILE, SUMMARY_FILE, RunFolder, open_run_folder,
-                                        unlock_run_folder)
+from prefzoo.training.layout import CONFIG_FILE, EVAL_FILE, SUMMARY_FILE
+from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
 from prefzoo.training.sampler import IndexSampler
 from prefzoo.training.sharding import reduce_metrics, rollout_seeds, shard_range
 from prefzoo.training.watch import MetricWatch

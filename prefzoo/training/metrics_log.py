@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from prefzoo.training.run_folder import METRICS_FILE
+from prefzoo.training.layout import METRICS_FILE
 
 
 def _clean(value):

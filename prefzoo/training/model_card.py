@@ -18,7 +18,7 @@ import shlex
 from importlib import metadata
 from pathlib import Path
 
-from prefzoo.training.run_folder import ADAPTER_DIR
+from prefzoo.training.layout import ADAPTER_DIR
 
 #: prefzoo's built-in model names -> (the Hugging Face id of the base, how prefzoo obtained it)
 BASES = {"smollm2": ("HuggingFaceTB/SmolLM2-135M-Instruct",

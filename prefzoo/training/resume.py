@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefzoo.errors import CheckpointError, ConfigError
-from prefzoo.training.run_folder import METRICS_FILE, RUN_CONFIG_FILE
+from prefzoo.training.layout import METRICS_FILE, RUN_CONFIG_FILE
 from prefzoo.training.checkpoint import (DamagedCheckpoint, check_weights, complete_checkpoints, load_run_config,
                                          load_trainer_state)
 

@@ -26,21 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefzoo.errors import PrefzooError, RunFolderError
+from prefzoo.training.layout import LOCK_FILE
 
 log = logging.getLogger(__name__)
 
-# What a run folder holds (docs/usage.md, "What a run writes"): every name, once. Readers (the report, the beta doctor,
-# prefzoo.load_policy) take them from here too.
-CONFIG_FILE = "config.yaml"  #: the resolved config of the run
-METRICS_FILE = "metrics.jsonl"  #: one line per logged training step
-SUMMARY_FILE = "summary.json"  #: the run's final numbers and its evaluations
-EVAL_FILE = "eval_{tag}.json"  #: a held-out evaluation (tag: before, after, step_N)
-CHECKPOINTS_DIR = "checkpoints"  #: checkpoints/step-N/ (the resume points)
-ADAPTER_DIR = "adapter"  #: the trained LoRA adapter, in the standard peft format (with its model card)
-MODEL_DIR = "model"  #: the fully fine-tuned model, instead of adapter/ when LoRA is off
-STATE_FILE = "trainer_state.pt"  #: in a checkpoint: optimizer, scheduler, RNG and loop state
-RUN_CONFIG_FILE = "run_config.json"  #: in a checkpoint: the settings a resume must keep
-LOCK_FILE = ".prefzoo.lock"  #: held by the run that uses the folder
 _held: dict[str, int] = {}  # resolved run folder -> the file descriptor holding its lock (this process)
 
 

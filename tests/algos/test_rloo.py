@@ -106,3 +106,27 @@ def test_rloo_runs_two_steps_on_the_tiny_model(tmp_path):
     for key in ("reward", "reward_std", "kl", "kl_k3", "clip_fraction", "ratio_mean", "approx_kl", "entropy"):
         assert key in metrics, key
     assert summary["steps"] == 2 and metrics["ratio_mean"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("advantage", [2.0, -2.0])
+def test_clipped_sequence_clips_the_whole_completions_ratio_as_trl_does(advantage):
+    """``policy_loss=clipped_sequence`` (TRL 1.16's RLOO): one ratio per completion, s = pi(y)/pi_old(y), the PRODUCT
+    of the token ratios (1.5, 0.9, 0.5) = 0.675, clipped once at eps 0.2 ([0.8, 1.2]).
+    A = +2: min(0.675 * 2, 0.8 * 2) = 1.35, unclipped: loss -1.35 on each of the 3 tokens (the sequence mean is
+    TRL's per-sequence loss) and d loss / d log pi_t = -A s = -1.35 on EVERY token (the whole sequence is one
+    action; ``clipped`` per token would zero the first token, ratio 1.5 > 1.2, and give the others -A r_t / 3).
+    A = -2: min(0.675 * -2, 0.8 * -2) = -1.6, the clipped term: loss 1.6 and no gradient at all, clip_fraction 1."""
+    from tests.algos.test_cispo import RowPolicy, hand_batch
+
+    policy, batch = RowPolicy(), hand_batch()
+    batch.advantages = torch.where(batch.loss_mask, advantage, 0.0)
+    algo = RLOO(RLOOConfig(policy_loss="clipped_sequence", num_minibatches=2), ObjectiveSettings(beta=0.0))
+    out = algo.loss(policy, batch)
+    clipped = advantage < 0
+    want = 1.6 if clipped else -1.35
+    torch.testing.assert_close(out.values.detach(), torch.tensor([[want, want, want, 0.0]]))
+    aggregate_loss(out.values, out.mask, algo.declaration.aggregation, 1.0).backward()
+    grad = 0.0 if clipped else -1.35
+    torch.testing.assert_close(policy.logp.grad, torch.tensor([[grad, grad, grad, 0.0]]))
+    assert token_mean(out, "clip_fraction") == (1.0 if clipped else 0.0)
+    assert token_mean(out, "ratio_mean") == pytest.approx(0.675)

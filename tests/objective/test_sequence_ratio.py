@@ -70,3 +70,29 @@ def test_gspo_and_gspo_token_have_the_same_gradient_when_the_advantage_is_per_se
 def test_shapes_are_checked():
     with pytest.raises(ObjectiveError, match="old_logps"):
         sequence_log_ratio(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_the_sequence_clip_by_hand_on_a_padded_batch():
+    """Row 0: log-ratios (0.2, 0.1, pad) -> GSPO's s = exp(0.15) = 1.1618 (mean), the whole ratio exp(0.3) = 1.3499
+    (sum); row 1: (-0.4, pad, pad) -> s = exp(-0.4) = 0.6703 either way. Advantages (B,) = (1, -1), eps 0.2.
+    Mean: row 0 unclipped (1.1618 < 1.2): loss -1.1618 on its 2 tokens; row 1: min(0.6703 * -1, 0.8 * -1) = -0.8,
+    clipped: loss 0.8 on its token. Sum: row 0 min(1.3499, 1.2) = 1.2, clipped: loss -1.2. The same with the
+    advantages given per token (read at each row's last valid token). Shapes that disagree are refused."""
+    from prefzoo.objective import sequence_clipped_surrogate_loss
+
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    old = torch.zeros(2, 3)
+    logps = torch.tensor([[0.2, 0.1, 5.0], [-0.4, 7.0, 7.0]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, clipped = sequence_clipped_surrogate_loss(logps, old, adv, mask, 0.2, 0.2)
+    s0 = math.exp(0.15)
+    torch.testing.assert_close(loss, torch.tensor([[-s0, -s0, 0.0], [0.8, 0.0, 0.0]]))
+    assert clipped.tolist() == [[False, False, False], [True, False, False]]
+    per_token = torch.where(mask, adv[:, None], 0.0)
+    again, _ = sequence_clipped_surrogate_loss(logps, old, per_token, mask, 0.2, 0.2)
+    torch.testing.assert_close(again, loss)
+    whole, clipped = sequence_clipped_surrogate_loss(logps, old, adv, mask, 0.2, 0.2, length_normalised=False)
+    torch.testing.assert_close(whole, torch.tensor([[-1.2, -1.2, 0.0], [0.8, 0.0, 0.0]]))
+    assert clipped.tolist() == [[True, True, False], [True, False, False]]
+    with pytest.raises(ObjectiveError, match="advantages has shape"):
+        sequence_clipped_surrogate_loss(logps, old, torch.ones(3), mask, 0.2, 0.2)
