@@ -9,7 +9,7 @@ ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.prefzoo-installed
 
-.PHONY: train test setup bench clean-venv setup-vllm test-vllm setup-bench-trl bench-trl
+.PHONY: train test test-fast setup bench clean-venv setup-vllm test-vllm setup-bench-trl bench-trl
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+# the formula, plugin, architecture and config tests, no model runs (marker `fast`, tests/conftest.py): under 2 minutes
+test-fast: $(STAMP)
+	$(PY) -m pytest -m fast $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -147,7 +147,7 @@ def preflight(cfg: DictConfig) -> Preflight:
     from prefzoo.training.trackers import check_report_to
 
     check_report_to(typed)  # trainer.report_to: known trackers, their packages installed
-    warn_idle(typed, declaration.trains)
+    warn_idle(typed, declaration.trains, declaration.uses_beta)
     return Preflight(typed, algo)
 
 

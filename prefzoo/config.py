@@ -383,6 +383,8 @@ def validate(cfg: Config) -> Config:
     if d.pairs.num_samples < 2:
         raise ConfigError(f"data.pairs.num_samples={d.pairs.num_samples}: a pair needs at least 2 samples "
                           "per prompt.")
+    if d.path is None:  # a generated task (arithmetic, sentiment, reasoning-gym): its train split has num_train problems
+        _positive("data.num_train", d.num_train)
     _positive("data.max_length", d.max_length)
     _positive("data.max_prompt_length", d.max_prompt_length)
     if d.max_prompt_length >= d.max_length:

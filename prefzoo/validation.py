@@ -3,7 +3,8 @@ the evaluation or on disk. The command line's pre-flight (:func:`prefzoo.cli.pre
 :func:`prefzoo.config.validate` (the values alone, which imports none of these rooms), before anything loads.
 
 * :func:`check_names`: ``data.pairs.annotator`` names an annotator of the built-in pairs (:func:`check_annotator`);
-  ``eval.ood`` is a shifted task disjoint from the training one (:func:`check_ood_eval`).
+  ``eval.ood`` is a shifted task disjoint from the training one (:func:`check_ood_eval`); a reasoning-gym
+  ``data.system_prompt`` that is a single word names one of reasoning-gym's prompts.
 * :func:`check_references`: what the config names exists. ``trainer.early_stopping.metric`` is a metric the
   evaluation reports; ``model.adapter_path`` is a folder holding ``adapter_config.json``; every reward function
   (``reward.functions``, ``eval.gold_reward.functions``) imports, is callable and takes ``(prompts,
@@ -36,6 +37,10 @@ def check_names(cfg) -> None:
     """
     check_annotator(cfg.data.pairs)
     check_ood_eval(cfg)  # eval.ood: a shifted task that shares no problem with the training one
+    if cfg.data.name == "reasoning_gym":
+        from prefzoo.data.reasoning_gym import check_system_prompt
+
+        check_system_prompt(cfg.data.system_prompt)  # a misspelt name would become every prompt's system message
 
 
 def check_annotator(pairs) -> None:
@@ -150,8 +155,11 @@ def check_kl_controller(cfg, adapts_beta: bool) -> None:
                           "kl_controller=fixed with objective.beta, or objective.kl_budget to stop at a KL.")
 
 
-def warn_idle(cfg, trains: bool) -> None:
-    """Warn about legal values that make a training run change nothing."""
+def warn_idle(cfg, trains: bool, uses_beta: bool = True) -> None:
+    """Warn about legal values that make a training run change nothing, and a beta the plugin does not use."""
+    if not uses_beta and cfg.objective.beta:
+        log.warning("objective.beta=%g does nothing for algo=%s: its loss has no divergence term (the summary records "
+                    "beta as null); leave objective.beta unset.", cfg.objective.beta, cfg.algo.name)
     if trains and cfg.trainer.lr == 0 and cfg.trainer.max_steps > 0:
         log.warning("trainer.lr=0: the optimizer leaves every weight as it is, so the %d steps train nothing; "
                     "give a learning rate > 0, e.g. trainer.lr=2e-4.", cfg.trainer.max_steps)

@@ -24,3 +24,18 @@ def tiny_cli_run() -> background.Job:
 def tiny_api_run(tmp_path_factory):
     """``prefzoo.train(RUN)`` in this process: (result, trainer, run folder)."""
     return shared_runs.api_run(tmp_path_factory.mktemp("api"))
+
+
+#: the test files of ``make test-fast`` (marker ``fast``): the maths, the plugins' formulas, the architecture and the
+#: config checks -- every formula test, none of the runs (under 2 minutes on 2 cores; ``make test`` runs everything)
+FAST_PATHS = ("tests/objective/", "tests/lab/test_oracles.py", "tests/test_architecture.py", "tests/test_config.py",
+              "tests/algos/")
+#: within those files, the tests that train a model or start a process are not fast
+NOT_FAST_WORDS = ("tiny_model", "command_line", "through_the_loop", "trains_two_steps_on", "real_model")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if path.startswith(FAST_PATHS) and not any(word in item.name for word in NOT_FAST_WORDS):
+            item.add_marker(pytest.mark.fast)

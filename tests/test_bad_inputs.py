@@ -162,6 +162,11 @@ CONFIG_CASES = [
     (["reward.weights=[1.0,2.0]"], "one weight per function"),
     (["algo=kto", "trainer.batch_size=1"], "trainer.batch_size=1: algo=kto needs at least 2 rows per process and step"),
     (["algo=kto", "algo.desirable_weight=0"], "algo.desirable_weight=0.0 must be > 0"),
+    # hardening round 3, item 6: settings that cannot apply are no longer accepted without a word
+    (["algo=orpo", "objective.beta=0"], "objective.beta=0.0: ORPO needs beta > 0 (objective.beta is lambda"),
+    (["reward=reasoning_gym", "data.system_prompt=direkt"],
+     "data.system_prompt='direkt' is not a name of reasoning-gym's system prompts (DeepSeekZero, default, simple"),
+    (["data.num_train=0"], "data.num_train=0 is invalid: it must be > 0"),
     # paths and reward functions, checked before anything loads
     (["model.adapter_path=/no/such/adapter"], "model.adapter_path='/no/such/adapter' does not exist"),
     (["model.adapter_path=/"], "model.adapter_path='/' holds no adapter_config.json"),
@@ -349,6 +354,27 @@ def test_data_file_without_a_path_is_one_line(no_model):
 
 # ------------------------------------------------------------------------------------ legal but idle: warnings
 
+# hardening round 3, item 7: a reward function that breaks the protocol fails before the model loads (the tripwire),
+# with the function's name, not after the model has loaded and the evaluation before training has run
+BROKEN_REWARDS = [
+    ("raises", "reward function 'raises' raised KeyError: 'score'"),
+    ("returns_nan", "reward function 'returns_nan' returned a non-finite value nan for sample 0"),
+    ("wrong_length", "reward function 'wrong_length' returned 1 scores, expected 2"),
+    ("returns_strings", "reward function 'returns_strings' returned a non-number (str) '1.0' for sample 0"),
+    ("returns_a_scalar", "reward function 'returns_a_scalar' returned a float"),
+]
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dpo"])
+@pytest.mark.parametrize("name,needle", BROKEN_REWARDS, ids=[b[0] for b in BROKEN_REWARDS])
+def test_a_broken_reward_function_fails_before_the_model_loads(no_model, algo, name, needle):
+    """The online run scores rollouts with it, the offline one builds its pairs with it: both call it first on two
+    training prompts with a placeholder completion, and stop there in one line."""
+    code, stderr = run_cli([f"algo={algo}", f"reward.functions=[tests.rewards.helpers:{name}]"])
+    assert_one_error_line(code, stderr, needle)
+    assert "called once before training on 2 training prompts with the placeholder completion" in stderr
+
+
 @pytest.mark.parametrize("overrides,warning", [
     (["trainer.lr=0", "trainer.max_steps=3"], "trainer.lr=0: the optimizer leaves every weight as it is, so the 3 "
                                               "steps train nothing"),
@@ -361,6 +387,17 @@ def test_a_legal_but_idle_input_is_a_warning(no_model, caplog, overrides, warnin
         code, stderr = run_cli(["algo=dpo", *overrides])
     assert code is None and stderr == ""
     assert any(warning in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("algo", ["sft", "rm"])
+def test_a_beta_the_plugin_does_not_use_is_a_warning(no_model, caplog, algo):
+    """Hardening round 3, item 6: SFT's and a reward model's losses have no beta; objective.beta=0.5 was accepted
+    without a word and recorded in the summary (which now records null for them)."""
+    with caplog.at_level(logging.WARNING, logger="prefzoo"):
+        code, stderr = run_cli([f"algo={algo}", "objective.beta=0.5"])
+    assert code is None and stderr == ""
+    want = f"objective.beta=0.5 does nothing for algo={algo}: its loss has no divergence term"
+    assert any(want in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def test_the_sweep_holds_enough_inputs():

@@ -183,6 +183,12 @@ CASES = [
     Case("stale_lock_taken_over", overriding(RESUME, "trainer.max_steps=3"), "which is no longer running",
          prepare=stale_lock, legal=True),
     # ---- output folders
+    # ---- a new run in a finished run's folder (hardening round 3, item 3): refused before the model loads
+    Case("new_run_in_a_finished_folder", BASE, "holds an earlier run (metrics.jsonl, summary.json, "
+         "checkpoints/step-000002): continue it with trainer.resume=true, or start this run in another folder",
+         cli=True),
+    Case("new_run_in_a_folder_with_metrics_only", BASE, "holds an earlier run (metrics.jsonl)",
+         prepare=lambda run: [shutil.rmtree(run / "checkpoints"), (run / "summary.json").unlink()]),
     Case("output_is_a_file", BASE, "is a file, not a folder", prepare=a_file, cli=True),
     Case("output_under_a_file", BASE, "cannot be created: ", prepare=lambda run: (a_file(run), run / "sub")[1],
          cli=True),

@@ -148,6 +148,8 @@ class Declaration:
         min_batch_size: the fewest rows each process must hold per optimizer step (``trainer.batch_size`` is
             refused below it times the number of processes, before anything loads); 1 for most plugins.
         warnings: :class:`MetricWarning` s the loop watches the step metrics for (e.g. no learning signal).
+        uses_beta: the objective's beta enters the plugin's loss; False (SFT, reward models, best-of-n): a beta
+            given on the command line is warned about before anything loads, and the summary records beta as null.
     """
 
     reference: bool
@@ -166,6 +168,7 @@ class Declaration:
     data: str = "pairs"
     min_batch_size: int = 1
     warnings: tuple[MetricWarning, ...] = ()
+    uses_beta: bool = True
 
     def __post_init__(self) -> None:
         from prefzoo.errors import PluginError

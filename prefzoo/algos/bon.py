@@ -116,7 +116,7 @@ class BestOfN(Algorithm):
 
     def declare(self) -> Declaration:
         # no reference: the candidates come from the (untrained) policy itself; it samples and needs the scorer
-        return Declaration(reference=False, online=True, reward=True, trains=False, progress_keys=())
+        return Declaration(reference=False, online=True, reward=True, trains=False, progress_keys=(), uses_beta=False)
 
     def evaluation_policy(self, policy: Policy, score: Scorer | None) -> BestOfNPolicy:
         return BestOfNPolicy(policy, score, self.cfg.n)

@@ -6,9 +6,10 @@ body (not a plugin: no name, never registered), that gives only what makes it it
 
 * its config, a dataclass deriving from :class:`OnlineConfig` (G = ``num_samples``, ``loss_aggregation``,
   ``epochs``, ``num_minibatches``, ``mask_truncated``) with its own fields and defaults;
-* its checks, ``validate_settings``, which calls :func:`check_online_settings` (and :func:`check_policy_clip`
-  when it clips a ratio);
-* ``declare``: one call of :func:`online_declaration` (its progress-bar keys; whether the group is its baseline);
+* its checks, ``validate_settings``, which calls :func:`check_online_settings` (or
+  :func:`check_group_relative_settings`; and :func:`check_policy_clip` when it clips a ratio);
+* optionally its ``progress_keys`` (the body's ``declare`` is :func:`online_declaration` with them; a member whose
+  group is not its baseline declares itself, REINFORCE++'s batch baseline);
 * ``advantages(rollout, penalty)``: per-sequence (B,) or per-token (B, T) advantages of a scored rollout, from a
   function of :mod:`prefzoo.objective` (group-relative, leave-one-out, reward-to-go);
 * ``policy_loss(logps, old_logps, batch)``: the per-token loss and where it clipped, from a function of
@@ -53,8 +54,8 @@ from torch import Tensor
 
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (ADVANTAGE_SCALES, group_advantages, kl_loss, kl_penalty_rewards, masked_sum, ratio_statistics, sampler_mismatch,
-                               sequence_kl, truncated_is_weights)
+from prefzoo.objective import (ADVANTAGE_SCALES, group_advantages, kl_loss, kl_penalty_rewards, masked_sum,
+                               ratio_statistics, sampler_mismatch, sequence_kl, truncated_is_weights)
 from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
                            SequenceBatch)
 

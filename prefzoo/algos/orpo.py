@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, check_beta
 from prefzoo.algos.pairwise import forward_pairs
 from prefzoo.objective import log_odds, log_odds_ratio, pairwise_loss
-from prefzoo.types import LossOutput, Policy, PreferenceBatch
+from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch
 
 
 @dataclass
@@ -51,6 +51,11 @@ class ORPO(Algorithm):
     """ORPO plugin: offline pairs, no reference, chosen NLL + lambda x the log odds-ratio loss."""
 
     config_class = ORPOConfig
+
+    @staticmethod
+    def validate_settings(cfg: ORPOConfig, objective: ObjectiveSettings) -> None:
+        check_beta(objective, "ORPO", "objective.beta is lambda, the odds-ratio term's weight: at 0 ORPO is algo=sft; "
+                   "the paper and TRL use 0.1")
 
     def declare(self) -> Declaration:
         return Declaration(reference=False, aggregation="example_mean", capabilities=frozenset({"implicit_rewards"}),

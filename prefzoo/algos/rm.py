@@ -68,7 +68,7 @@ class RewardModelling(Algorithm):
         return Declaration(reference=False, value_head=ValueHeadSpec(self.cfg.value_adapter, self.cfg.head_init),
                            aggregation="example_mean",
                            capabilities=frozenset({"implicit_rewards", "saves_artifacts"}),
-                           progress_keys=("loss", "accuracy", "margin"))
+                           progress_keys=("loss", "accuracy", "margin"), uses_beta=False)
 
     def pair_rewards(self, policy: ValuePolicy, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """Rewards of chosen and rejected, Shape (B,) each, from ONE forward pass over the 2B rows."""

@@ -40,7 +40,7 @@ class SFT(Algorithm):
 
     def declare(self) -> Declaration:
         return Declaration(reference=False, aggregation="token_mean", capabilities=frozenset({"implicit_rewards"}),
-                           progress_keys=("loss",))
+                           progress_keys=("loss",), uses_beta=False)
 
     def loss_mask(self, batch: PreferenceBatch) -> Tensor:
         return batch.chosen.completion_mask

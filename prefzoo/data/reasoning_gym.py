@@ -211,7 +211,26 @@ def _system_prompt(system_prompt: str | None, answer_format: str) -> str | None:
         return None
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
+    check_system_prompt(system_prompt)
     return SYSTEM_PROMPTS.get(system_prompt, system_prompt)
+
+
+def check_system_prompt(system_prompt: str | None) -> None:
+    """``data.system_prompt`` is null, "" (none), a name of reasoning-gym's ``SYSTEM_PROMPTS``, or a prompt's text.
+    A single word that is not a name (``direkt``) is a misspelt name, not a prompt: refused, so that it does not
+    become the system message of every training prompt.
+
+    Raises:
+        ConfigError: naming the key, its value and the valid names.
+    """
+    import re
+
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    if system_prompt and system_prompt not in SYSTEM_PROMPTS and re.fullmatch(r"[A-Za-z_][\w-]*", system_prompt):
+        raise ConfigError(f"data.system_prompt={system_prompt!r} is not a name of reasoning-gym's system prompts "
+                          f"({', '.join(SYSTEM_PROMPTS)}); give one of those names, a prompt's own text (a sentence), "
+                          "or data.system_prompt=null for the answer format's own.")
 
 
 def answer_completion(answer: Any, answer_format: str = "tags") -> str:

@@ -1,9 +1,10 @@
 """Objective conformance: does each algorithm plugin reach pi* = pi_ref exp(r/beta) / Z ?
 
-Run ``python -m prefzoo.lab.conformance`` (a few minutes on 2 CPU cores). Every registered plugin that the
-table knows (GRPO, PPO, RLOO, REINFORCE++, GSPO, CISPO, Online DPO, DPO, SimPO, ORPO, SFT, KTO, best-of-n) is trained,
-unchanged, on the tabular test bed of :mod:`prefzoo.lab.tabular` until it stops moving, with several seeds;
-the learned policy is compared with pi* (total variation and KL(pi || pi*), per prompt and on average,
+Run ``python -m prefzoo.lab.conformance`` (= ``prefzoo conformance``; a few minutes on 2 CPU cores): it prints the
+table; ``--out docs/conformance.md`` writes the project's page (nothing is written by default). Every registered
+plugin that the table knows (GRPO, PPO, RLOO, REINFORCE++, GSPO, CISPO, Online DPO, DPO, SimPO, ORPO, SFT, KTO,
+best-of-n) is trained, unchanged, on the tabular test bed of :mod:`prefzoo.lab.tabular` until it stops moving, with
+several seeds; the learned policy is compared with pi* (total variation and KL(pi || pi*), per prompt and on average,
 with the Monte-Carlo error over seeds) and with the fixed point that theory predicts for that case.
 
 The bed (:func:`conformance_bandit`): P = 4 prompts x K = 6 single-token responses, beta = 0.5.
@@ -549,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prefzoo.lab.conformance", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="docs/conformance.md", help="markdown output ('' to skip)")
+    parser.add_argument("--out", default="", help="where to write the markdown page (default: none, it is printed; "
+                                                  "the project's page: --out docs/conformance.md)")
     parser.add_argument("--only", default="", help="comma-separated substrings: run the matching rows only")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (tiny tensors: 1 is fastest)")
     args = parser.parse_args(argv)

@@ -22,7 +22,8 @@ What it shows (each is checked by ``tests/lab/test_toy.py``):
 (c) each trained policy matches the closed form pi*_beta (:func:`prefzoo.objective.optimal_policy`) —
     total variation below ``TV_TOLERANCE`` (at beta = 0 the target is the proxy's argmax).
 
-Outputs: a PNG plot and a markdown table (``--out-dir``, default ``docs/``), and the table on stdout.
+Outputs: the table on stdout; with ``--out-dir DIR`` also a PNG plot and a markdown page there (the project's own
+page is ``--out-dir docs``; nothing is written by default, so a run inside a checkout leaves docs/ alone).
 """
 
 from __future__ import annotations
@@ -225,7 +226,8 @@ def plot(toy: ToyBandit, points: list[Point], path: Path, algo_name: str) -> Pat
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prefzoo.lab.toy", description=__doc__.split("\n")[0])
     parser.add_argument("--algo", default="grpo", help="grpo (default), ppo or dpo")
-    parser.add_argument("--out-dir", default="docs", help="where toy_bandit.png and toy_bandit.md go")
+    parser.add_argument("--out-dir", default=None,
+                        help="where toy_bandit.png and toy_bandit.md go (default: none, the table is printed)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -235,12 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     toy = toy_bandit()
     points = sweep(toy, BETAS, args.algo, REPLICAS, args.seed, args.steps)
     seconds = time.perf_counter() - started
+    table = markdown_table(points)
+    if args.out_dir is None:
+        print(table)
+        print(f"[toy] {seconds:.1f} s; nothing written (--out-dir DIR writes the plot and the page there)")
+        return 0
     out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.algo == "grpo" else f"_{args.algo}"
     png = plot(toy, points, out / f"toy_bandit{suffix}.png", args.algo)
-    table = markdown_table(points)
     peak = max(points, key=lambda p: p.gold)
-    command = "python -m prefzoo.lab.toy" + ("" if args.algo == "grpo" else f" --algo {args.algo}")
+    command = f"python -m prefzoo toy --out-dir {args.out_dir}" + ("" if args.algo == "grpo" else f" --algo {args.algo}")
     exploit_ref = float(toy.bandit.ref_probs[0, EXPLOIT])
     doc = f"""# Toy bandit: reward hacking and the inverted U
 

@@ -183,7 +183,8 @@ def token_entropy(
     """Entropy of the next-token distribution softmax(logits / temperature) at each position.
 
     ``H = logsumexp(x) - sum_v softmax(x)_v * x_v`` with ``x = logits.float() / temperature``;
-    entries of x equal to -inf (banned tokens) contribute 0. Chunked over T as in
+    entries of x equal to -inf (banned tokens) contribute 0, in value and in gradient (dH/dx_j = -p_j (x_j - E_p[x])
+    is 0 there, finite everywhere). Chunked over T as in
     :func:`token_logps` (one float32 (B, chunk, V) probability tensor at a time).
 
     Shape: logits (B, T, V) -> (B, T) float32; B = sequences, T = positions, V = vocabulary.
@@ -204,8 +205,9 @@ def token_entropy(
         if temperature != 1.0:
             x = x / temperature
         probs = torch.softmax(x, dim=-1)
-        # p * x is 0 * (-inf) = NaN for banned tokens; their true contribution is 0.
-        p_x = torch.where(probs > 0, probs * x, torch.zeros_like(x))
+        # p * x is 0 * (-inf) = NaN for banned tokens, in value and (through the multiplication) in gradient; their
+        # true contribution is 0, so the product is taken on a finite copy of x (0 where p is 0).
+        p_x = probs * torch.where(probs > 0, x, torch.zeros_like(x))
         pieces.append(torch.logsumexp(x, dim=-1) - p_x.sum(dim=-1))
     return torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
 

@@ -90,7 +90,7 @@ def markdown_table(runs: list[dict], keys: list[str], metrics=HEADLINE, base: Pa
             if m in ("kl_k1",) and analytic_kl(run) and cell != "–":
                 cell += " (analytic)"
             cells.append(cell)
-        beta = "–" if is_best_of_n(run) or s.get("algo") == "rm" else fmt(s.get("beta"))  # no KL term in either
+        beta = "–" if is_best_of_n(run) or s.get("beta") is None else fmt(s.get("beta"))  # no KL term there
         train_s = (s.get("results") or {}).get("train_seconds")
         row = [run_cell(run, base), *[_setting(run["overrides"].get(k)) for k in keys],
                *[s.get("algo") if c == "algo" else beta for c in fixed], *cells, *([fmt(d)] if delta else []),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import math
 from collections.abc import Callable, Sequence
 from numbers import Real
@@ -26,6 +27,8 @@ from typing import Any
 
 from prefzoo.errors import ConfigError, DataError, RewardError
 from prefzoo.rewards.arithmetic import correctness, format_reward
+
+log = logging.getLogger(__name__)
 from prefzoo.rewards.reasoning_gym import reasoning_gym, reasoning_gym_accuracy
 from prefzoo.rewards.sentiment import fluent_sentiment, sentiment
 
@@ -217,6 +220,7 @@ class CombinedReward:
         self.last_components: dict[str, list[float | None]] = {}
         self.last_missing: dict[str, int] = {}  # name -> samples it returned None for on the last call
         self.num_calls = 0
+        self.warned_unscored = False  # the once-per-run warning that some samples got None from every function
         self._styles: dict[tuple, str | None] = {}  # (function index, column names) -> call style, found once
 
     @staticmethod
@@ -251,12 +255,37 @@ class CombinedReward:
             components[name] = self._call_one(j, name, fn, prompts, completions, columns, messages, completion_ids)
         self.last_components = components
         self.last_missing = {name: sum(s is None for s in scores) for name, scores in components.items()}
+        unscored = sum(all(components[name][i] is None for name in self.names) for i in range(batch))
+        if unscored and not self.warned_unscored:  # TRL warns alike: those samples get reward 0, silently otherwise
+            self.warned_unscored = True
+            log.warning("every reward function (%s) returned None for %d of the %d samples of this batch: None means "
+                        "'does not apply to this sample' (TRL's convention), so they get reward 0. Check that each "
+                        "function returns a number for the samples it applies to (warned once per run).",
+                        ", ".join(self.names), unscored, batch)
         totals = [0.0] * batch
         for name, weight in zip(self.names, self.weights):
             for i, score in enumerate(components[name]):
                 if score is not None:  # missing (the function does not apply to this sample): left out, as in TRL
                     totals[i] += weight * score
         return totals
+
+    def probe(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> None:
+        """Call every function once, every output checked as in a real call, leaving the run's state (call count,
+        last components, the once-per-run warning) as it was: the check before training on placeholder completions.
+
+        Raises:
+            RewardError: as a call does (a function raised, returned the wrong number of scores, a non-number or a
+                non-finite score), the message saying that this was the check before training.
+        """
+        state = (self.num_calls, self.last_components, self.last_missing, self.warned_unscored)
+        self.warned_unscored = True  # placeholders say nothing about the run's own samples
+        try:
+            self(prompts, completions, **columns)
+        except RewardError as err:
+            raise RewardError(f"the reward, called once before training on {len(completions)} training prompts with "
+                              f"the placeholder completion {_preview(completions[0])}: {err}") from err
+        finally:
+            self.num_calls, self.last_components, self.last_missing, self.warned_unscored = state
 
     def _call_one(self, j, name, fn, prompts, completions, columns, messages=None,
                   completion_ids=None) -> list[float | None]:

@@ -77,7 +77,7 @@ from prefzoo.training.watch import MetricWatch
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.plugin import build_algorithm
-from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns,
+from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns, probe_reward,
                                     correctness_function, evaluation_reward,
                                     heldout_pair_prompts, offline_data, pick_device, task_prompts)
 
@@ -145,6 +145,7 @@ class Trainer:
         if self.eval_prompts is None and cfg.data.path:  # a preference file: evaluate on its held-out pairs' prompts
             self.eval_prompts = heldout_pair_prompts(cfg, self.tokenizer)
         check_reward_columns(cfg, self.train_prompts)  # before any model loads
+        probe_reward(self.reward_fn, self.train_prompts)  # a reward that raises or returns NaN fails here, in seconds
         self.prefs = None
         self.data_stats: dict = {}
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
@@ -501,7 +502,8 @@ def make_summary(cfg, trainer, before, after, last, seconds, stop_reason, weight
         "algo": cfg.algo.name, "model": cfg.model.name, "data": cfg.data.name, "reward": cfg.reward.name,
         "algo_settings": dataclasses.asdict(cfg.algo) if dataclasses.is_dataclass(cfg.algo) else dict(cfg.algo),
         "gold_reward": list(cfg.eval.gold_reward.functions) or None,
-        "beta": trainer.objective.beta, "final_beta": trainer.algo.beta, "divergence": trainer.objective.divergence,
+        "beta": trainer.objective.beta if trainer.declaration.uses_beta else None,
+        "final_beta": trainer.algo.beta if trainer.declaration.uses_beta else None, "divergence": trainer.objective.divergence,
         "kl_estimator": trainer.objective.kl_estimator, "kl_placement": trainer.objective.kl_placement,
         "seed": cfg.trainer.seed, "steps": trainer.step, "stop_reason": stop_reason,
         "wall_seconds": round(seconds, 1), "model_load_seconds": round(trainer.load_seconds, 1),

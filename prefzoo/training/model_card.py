@@ -112,7 +112,7 @@ def model_card(cfg, run_dir: Path, weights: Path, summary: dict) -> str:
         tags.append(f"base_model:adapter:{hub_id}")
     header += ["library_name: peft" if weights.name == ADAPTER_DIR else "library_name: transformers",
                "pipeline_tag: text-generation", "tags:"] + [f"- {tag}" for tag in tags] + ["---", ""]
-    beta = f"β = {summary['beta']}"
+    beta = f"β = {summary['beta']}" if summary["beta"] is not None else "no β (the loss has no divergence term)"
     if summary.get("final_beta") is not None and summary["final_beta"] != summary["beta"]:
         beta += f" (adapted to {summary['final_beta']:.4g} by the end)"
     objective = (f"J(π) = E[r(x, y)] − β·D(π ‖ π_ref) with {beta}, divergence `{summary['divergence']}`"

@@ -27,8 +27,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefzoo.errors import CheckpointError, ConfigError
-from prefzoo.training.layout import METRICS_FILE, RUN_CONFIG_FILE
+from prefzoo.errors import CheckpointError, ConfigError, RunFolderError
+from prefzoo.training.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_CONFIG_FILE, SUMMARY_FILE
 from prefzoo.training.checkpoint import (DamagedCheckpoint, check_weights, complete_checkpoints, load_run_config,
                                          load_trainer_state)
 
@@ -142,18 +142,40 @@ class ResumePoint:
     state: dict | None = None
 
 
+def refuse_earlier_run(run_dir: Path) -> None:
+    """A new run (``trainer.resume=false``) refuses a folder that holds an earlier run's records: its metrics would
+    be appended to the old ``metrics.jsonl``, its checkpoints pruned beside the old ones, and a later resume would
+    pick the old run's newest checkpoint.
+
+    Raises:
+        RunFolderError: naming the folder, what it holds, ``trainer.resume=true`` and another folder.
+    """
+    held = [name for name in (METRICS_FILE, SUMMARY_FILE) if (run_dir / name).is_file()]
+    checkpoints = complete_checkpoints(run_dir) if (run_dir / CHECKPOINTS_DIR).is_dir() else []
+    if checkpoints:
+        held.append(f"{CHECKPOINTS_DIR}/{checkpoints[-1].name}")
+    if held:
+        raise RunFolderError(f"{run_dir} holds an earlier run ({', '.join(held)}): continue it with "
+                             "trainer.resume=true, or start this run in another folder (hydra.run.dir=<another "
+                             "folder>); nothing was changed.")
+
+
 def find_resume_point(cfg, run_dir: Path) -> ResumePoint | None:
     """The checkpoint ``trainer.resume=true`` continues from, checked against ``cfg`` (main process).
 
     The newest complete checkpoint that can be read (trainer state, weights headers, run_config.json); a damaged one
     is skipped with a warning naming it. None (with a warning) when there is nothing to resume.
 
+    Without ``trainer.resume`` the folder must hold no earlier run (:func:`refuse_earlier_run`).
+
     Raises:
+        RunFolderError: a new run in a folder that holds an earlier run.
         UnsafeCheckpoint: the trainer state would run code when loaded (never falls back: the folder is suspect).
         CheckpointError: every checkpoint is damaged.
         ConfigError: run-defining settings differ from the checkpoint's (:func:`check_run_config`).
     """
     if not cfg.trainer.resume:
+        refuse_earlier_run(run_dir)
         return None
     found = complete_checkpoints(run_dir)
     if not found:

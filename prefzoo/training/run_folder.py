@@ -74,7 +74,14 @@ def output_dir_of(argv: list[str]) -> Path | None:
 
 def refuse_unusable_output_dir(argv: list[str]) -> None:
     """``train.py``: exit with status 2 and one ``prefzoo: error:`` line when the output folder of the command line
-    cannot be used, before Hydra tries to create it (its own failure is a traceback)."""
+    cannot be used, before Hydra tries to create it (its own failure is a traceback).
+
+    A run folder named on the command line (``hydra.run.dir=...``, one run) is also LOCKED here, by the main process,
+    before Hydra writes ``.hydra/`` and its log there: of two runs started a second apart in one folder, the second is
+    refused before it writes anything, so the first run's records (its ``.hydra/overrides.yaml``, the command in its
+    model card) stay its own. The lock is released when the process ends (:func:`unlock_run_folder` at exit)."""
+    import atexit
+
     from prefzoo.training.distributed import launched_rank
 
     path = output_dir_of(argv)
@@ -84,10 +91,22 @@ def refuse_unusable_output_dir(argv: list[str]) -> None:
         check_output_dir(path)
         if launched_rank() == 0:  # before Hydra writes .hydra/ and its log there (the others: the main's folder)
             check_not_in_use(path)
+            if _names_the_run_folder(argv):
+                path.mkdir(parents=True, exist_ok=True)
+                lock_run_folder(path)
+                atexit.register(unlock_run_folder, path)
     except RunFolderError as err:
         if launched_rank() == 0:
             print(f"prefzoo: error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def _names_the_run_folder(argv: list[str]) -> bool:
+    """Whether ``argv`` is one run (no ``-m``) with its folder given as ``hydra.run.dir`` (not Hydra's default,
+    ``outputs/<date>/<time>-<algo>``, which is only known once Hydra has composed it)."""
+    args = argv[1:]
+    return (not any(a in ("-m", "--multirun") for a in args)
+            and any(a.lstrip("+").startswith("hydra.run.dir=") for a in args))
 
 
 def _holder(fd: int) -> dict:

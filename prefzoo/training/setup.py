@@ -366,6 +366,33 @@ def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
             raise ConfigError(f"reward.functions: {err}") from None
 
 
+#: the completion the reward is called with before training (:func:`probe_reward`)
+PLACEHOLDER_COMPLETION = "The answer is 4."
+
+
+def probe_reward(reward_fn, prompts: PromptSet | None) -> None:
+    """Before the model loads: call the run's reward functions once on two training prompts (their columns, as a
+    rollout passes them) with a placeholder completion, so that a function that raises, or returns NaN, the wrong
+    number of scores, strings or a scalar fails here in one line, not after the model has loaded and the evaluation
+    before training has run (minutes on SmolLM2). Reward models (``reward=model``) are not probed.
+
+    Raises:
+        RewardError: what the call found (:meth:`prefzoo.rewards.registry.CombinedReward.probe`).
+    """
+    from prefzoo.rewards.protocol import COMPLETION_IDS
+    from prefzoo.rewards.registry import CombinedReward
+    from prefzoo.types import ROLLOUT_SEED_COLUMN
+
+    if prompts is None or not len(prompts) or not isinstance(reward_fn, CombinedReward):
+        return
+    rows = list(range(min(2, len(prompts))))
+    batch = prompts.batch(rows, pad_id=0)
+    columns = {k: v for k, v in batch.columns.items() if k != ROLLOUT_SEED_COLUMN}
+    texts = columns.pop("prompt_text")
+    columns[COMPLETION_IDS] = [[0] for _ in rows]
+    reward_fn.probe(texts, [PLACEHOLDER_COMPLETION] * len(rows), **columns)
+
+
 def reward_chosen(cfg: Config, overrides: list[str] | None = None) -> bool:
     """Whether the run's reward is the user's choice, not the default that comes with every config (the arithmetic
     task's exact match): its config differs from :class:`~prefzoo.config.RewardConfig`'s defaults (``reward=sentiment``,

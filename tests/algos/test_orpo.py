@@ -13,6 +13,7 @@ import torch
 from prefzoo.algos.orpo import ORPO, ORPOConfig
 from prefzoo.config import Config, resolve_objective
 from prefzoo.data.preference import PreferenceExample, collate_preferences
+from prefzoo.errors import ConfigError
 from prefzoo.types import ObjectiveSettings
 from tests.algos.test_dpo import TablePolicy
 from tests.models.helpers import one_thread_fixture
@@ -109,6 +110,11 @@ def test_held_out_rewards_are_the_log_odds():
     assert float(c) == pytest.approx(math.log(3), abs=1e-6) and float(r) == pytest.approx(-math.log(3), abs=1e-6)
 
 
-def test_lambda_zero_is_sft_on_chosen():
-    out = orpo(beta=0.0).loss(TablePolicy(ODDS, ref=None), batch(((1, 1), (2,))))
-    assert float(out.values.detach()) == pytest.approx(-math.log(0.75), abs=1e-6)
+def test_lambda_zero_would_be_sft_on_chosen_and_is_refused_naming_algo_sft():
+    """At lambda = 0 the loss is the chosen's mean NLL alone, -log 0.75 here (the nll_loss term, logged at any
+    lambda), i.e. algo=sft: it used to run silently as SFT; it is now refused in one line naming algo=sft (hardening
+    round 3, item 6)."""
+    out = orpo(beta=0.1).loss(TablePolicy(ODDS, ref=None), batch(((1, 1), (2,))))
+    assert out.metrics["nll_loss"] == pytest.approx(-math.log(0.75), abs=1e-6)
+    with pytest.raises(ConfigError, match=r"objective.beta=0.0: ORPO needs beta > 0 .*at 0 ORPO is algo=sft"):
+        orpo(beta=0.0)

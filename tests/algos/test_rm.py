@@ -85,6 +85,8 @@ def test_rm_then_ppo_with_the_learned_reward(tmp_path):
     summary = trainer.run()
     assert "preference_accuracy" in summary["eval_after"] and summary["eval_after"]["n_pairs"] == 10
     assert "task_reward" not in summary["eval_after"]
+    assert summary["beta"] is None and summary["final_beta"] is None  # no divergence term: no beta recorded
+    assert "no β (the loss has no divergence term)" in (rm_dir / "adapter" / "README.md").read_text()
     meta = json.loads((rm_dir / "value_model.json").read_text())
     assert meta["kind"] == "reward_model" and meta["data"]["path"] == FIXTURE
     assert (rm_dir / "adapter" / "adapter_config.json").is_file() and (rm_dir / "value_head.safetensors").is_file()

@@ -143,6 +143,27 @@ def test_entropy_three_way_hand_value():
     assert abs(float(token_entropy(banned)) - math.log(2)) < 1e-6
 
 
+def test_entropy_has_a_finite_gradient_where_a_logit_is_minus_infinity():
+    """Hardening round 3, item 10 (failed before: the gradient was NaN on every logit of a position with a banned
+    token, since 0 * (-inf) = NaN in the backward of p * x). dH/dx_j = -p_j (x_j - E_p[x]) (differentiate
+    H = logsumexp(x) - sum_v p_v x_v), so a banned token (p_j = 0) gets gradient 0 and the others exactly what the
+    same logits without the banned entry give: x = (0.3, -1.2, -inf, 2.0) against (0.3, -1.2, 2.0), at temperature
+    1 and 0.7."""
+    for temperature in (1.0, 0.7):
+        banned = torch.tensor([[[0.3, -1.2, float("-inf"), 2.0]]], requires_grad=True)
+        kept = torch.tensor([[[0.3, -1.2, 2.0]]], requires_grad=True)
+        h_banned, h_kept = token_entropy(banned, temperature), token_entropy(kept, temperature)
+        h_banned.sum().backward()
+        h_kept.sum().backward()
+        assert torch.isfinite(banned.grad).all(), banned.grad
+        torch.testing.assert_close(h_banned, h_kept)
+        torch.testing.assert_close(banned.grad[0, 0, [0, 1, 3]], kept.grad[0, 0])
+        assert banned.grad[0, 0, 2] == 0.0
+        x = kept.detach()[0, 0] / temperature  # the hand formula, divided by T once more by the chain rule
+        q = torch.softmax(x, -1)
+        torch.testing.assert_close(kept.grad[0, 0], -q * (x - (q * x).sum()) / temperature)
+
+
 def test_entropy_chunked_and_bf16():
     logits, _ = _random_batch(7, dtype=torch.bfloat16)
     p = torch.softmax(logits.float(), -1)

@@ -67,3 +67,24 @@ def seen(prompts, completions, completion_ids, **kwargs):
 
 
 seen.calls = []
+
+
+# reward functions that break the protocol in each way a user's may (hardening round 3, item 7)
+def raises(prompts, completions, **_):
+    raise KeyError("score")
+
+
+def returns_nan(prompts, completions, **_):
+    return [float("nan")] * len(completions)
+
+
+def wrong_length(prompts, completions, **_):
+    return [1.0]
+
+
+def returns_strings(prompts, completions, **_):
+    return ["1.0"] * len(completions)
+
+
+def returns_a_scalar(prompts, completions, **_):
+    return 1.0

@@ -68,6 +68,25 @@ def test_none_scores_are_missing_excluded_and_counted():
     assert reward.last_missing == {"const_one": 0, "only_even_answers": 1}
 
 
+def test_samples_no_function_scores_are_warned_about_once_naming_the_functions(caplog):
+    """Hardening round 3, item 4: a function that returns None for every sample trained on reward 0 with only a
+    metric (and the zero-spread warning blamed the task). Now, as TRL does, one warning when a sample got None from
+    every function -- once per run, naming them -- and none when another function scored it (the test above)."""
+    import logging
+
+    reward = CombinedReward([helpers.only_even_answers])
+    with caplog.at_level(logging.WARNING, logger="prefzoo.rewards"):
+        assert reward(PROMPTS, ["a", "b", "c"], answer=[3, 5, 4]) == [0.0, 0.0, 1.0]
+        reward(PROMPTS, ["a", "b", "c"], answer=[3, 5, 7])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("every reward function (only_even_answers) returned None for 2 of the 3 samples")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="prefzoo.rewards"):
+        CombinedReward([helpers.const_one, helpers.only_even_answers])(PROMPTS, ["a", "b", "c"], answer=[3, 5, 7])
+    assert caplog.records == []
+
+
 @pytest.mark.parametrize("fn", [helpers.reward_len, helpers.format_reward_func, helpers.conversational_format_reward,
                                 helpers.reward_with_ground_truth, helpers.only_even_answers, helpers.seen])
 def test_the_signature_check_accepts_trl_functions(fn):

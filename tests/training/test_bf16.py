@@ -347,3 +347,18 @@ def test_a_bf16_setting_on_a_device_without_native_bf16_warns(monkeypatch, caplo
             precision.warn_if_emulated({"model.dtype": "bfloat16", "model.compute_dtype": None}, torch.device("cpu"))
         assert ("no native bf16" in caplog.text) is expected
         assert "model.dtype=bfloat16" in caplog.text or not expected
+
+
+def test_a_float16_setting_on_a_cpu_warns_and_on_a_gpu_does_not(caplog):
+    """Hardening round 3, item 5: float16 matmuls are emulated on a CPU (a 512 x 512 x 512 matmul: 213 ms in
+    float16, 1.9 ms in float32 on this 2-core AMD EPYC, 2 threads, idle) and the run said nothing, while bf16 got a
+    warning. A CUDA device has float16 kernels: no warning."""
+    import logging
+
+    import prefzoo.models.precision as precision
+
+    for device, expected in ((torch.device("cpu"), True), (torch.device("cuda"), False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="prefzoo.models.precision"):
+            precision.warn_if_emulated({"model.dtype": "float32", "model.compute_dtype": "float16"}, device)
+        assert ("model.compute_dtype=float16 on the CPU: CPUs have no float16 matmul kernels" in caplog.text) is expected

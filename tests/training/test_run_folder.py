@@ -147,3 +147,40 @@ def test_writable_folders_pass_and_the_probe_leaves_nothing(tmp_path):
 ])
 def test_the_output_folder_of_a_command_line(argv, expected):
     assert output_dir_of(argv) == expected
+
+
+RACE = ["algo=dpo", "model=tiny", "data=file", f"data.path={ROOT / 'tests' / 'fixtures' / 'arithmetic_pairs.jsonl'}",
+        "trainer.max_steps=1", "trainer.batch_size=2", "trainer.progress=false", "trainer.tensorboard=false",
+        "trainer.num_threads=1", "trainer.device=cpu", "trainer.save_every=0", "eval.before=false", "eval.after=false"]
+
+
+def test_two_runs_started_a_second_apart_in_one_folder_keep_the_winners_records(tmp_path):
+    """Hardening round 3, item 1. Two ``train.py`` runs in one folder (seed 1, then seed 2 one second later, inside
+    the first's start-up, which takes several seconds of imports before any model loads): one trains, the other is
+    refused in one line -- and now before Hydra writes anything, so ``.hydra/overrides.yaml``, ``config.yaml`` and
+    the model card's command are the winner's. Before: the lock was taken seconds after start, after Hydra had
+    written the loser's ``.hydra/`` files over the winner's (a seed-1 run whose card gave ``trainer.seed=2``)."""
+    import time
+
+    import yaml
+
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
+    start = lambda seed: subprocess.Popen(  # noqa: E731
+        [sys.executable, "train.py", *RACE, f"trainer.seed={seed}", f"hydra.run.dir={run}"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = start(1)
+    time.sleep(1.0)
+    second = start(2)
+    results = {seed: (proc.wait(timeout=300), proc.stderr.read()) for seed, proc in ((1, first), (2, second))}
+    winners = [seed for seed, (code, _) in results.items() if code == 0]
+    assert len(winners) == 1, results
+    winner, loser = winners[0], 3 - winners[0]
+    code, stderr = results[loser]
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "is in use by another run" in lines[0], stderr
+    overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
+    assert f"trainer.seed={winner}" in overrides and f"trainer.seed={loser}" not in overrides
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["seed"] == winner
+    card = (run / "adapter" / "README.md").read_text()
+    assert f"trainer.seed={winner}" in card and f"trainer.seed={loser}" not in card
