@@ -101,6 +101,26 @@ def a_file(run: Path) -> None:
     run.write_text("not a folder")
 
 
+OPTIMIZER_LR = ("trainer_state.pt was built with other settings, and a resume continues it as saved: trainer.lr: 0.0002 "
+                "(checkpoint) vs 0.001 (now). Put them back to continue the run, or start a new run in another folder")
+
+
+def without_run_config(run: Path) -> None:
+    """Checkpoints as an earlier prefzoo wrote them: no run_config.json."""
+    for step in (run / "checkpoints").iterdir():
+        (step / "run_config.json").unlink()
+
+
+def edited_run_config(run: Path) -> None:
+    """run_config.json edited by hand to the new learning rate (the optimizer state still holds the old one)."""
+    import json
+
+    for step in (run / "checkpoints").iterdir():
+        saved = json.loads((step / "run_config.json").read_text())
+        saved["trainer.lr"] = 0.001
+        (step / "run_config.json").write_text(json.dumps(saved))
+
+
 def read_only_dir(_run: Path) -> Path:
     """/sys refuses new folders even to root (this test machine runs as root, which ignores chmod)."""
     if os.geteuid() != 0:
@@ -162,6 +182,11 @@ CASES = [
                                                       "['correctness', 'format'] (now)"),
     mismatch("trainer.early_stopping.metric=preference_accuracy",
              "trainer.early_stopping.metric: None (checkpoint) vs 'preference_accuracy' (now)"),
+    # ---- hardening round 3, item 2: what the optimizer restores is checked too, without or with an edited run_config
+    Case("resume_lr_without_run_config", overriding(RESUME, "trainer.lr=1e-3"), OPTIMIZER_LR,
+         prepare=without_run_config),
+    Case("resume_lr_with_an_edited_run_config", overriding(RESUME, "trainer.lr=1e-3"), OPTIMIZER_LR,
+         prepare=edited_run_config, cli=True),
     Case("resume_two_keys", overriding(RESUME, "trainer.seed=1", "model.lora.r=8"),
          "model.lora.r: 4 (checkpoint) vs 8 (now); trainer.seed: 0 (checkpoint) vs 1 (now)"),
     Case("resume_other_data_file", RESUME, "data.path: ", prepare=lambda run: None,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefzoo.errors import CheckpointError, ConfigError, RunFolderError
-from prefzoo.training.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_CONFIG_FILE, SUMMARY_FILE
+from prefzoo.training.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_CONFIG_FILE, STATE_FILE, SUMMARY_FILE
 from prefzoo.training.checkpoint import (DamagedCheckpoint, check_weights, complete_checkpoints, load_run_config,
                                          load_trainer_state)
 
@@ -134,6 +134,31 @@ def check_run_config(cfg, run_dir: Path, folder: Path, saved: dict | None) -> No
                       "resume: README, 'Resuming a run'.)")
 
 
+def check_restored_optimizer(cfg, folder: Path, state: dict) -> None:
+    """What a resume restores agrees with the config: the optimizer and its learning-rate schedule come back from the
+    checkpoint's trainer state with the base learning rate and weight decay they were built with, whatever the config
+    says. A checkpoint without ``run_config.json`` (an earlier prefzoo's) or with an edited one would otherwise train
+    at the saved rate while ``config.yaml`` and the model card record the new one.
+
+    Raises:
+        ConfigError: ``key: <restored value> (checkpoint) vs <value> (now)`` for ``trainer.lr`` and
+            ``trainer.weight_decay`` where they differ, naming the trainer-state file.
+    """
+    t = cfg.trainer
+    groups = (state.get("optimizer") or {}).get("param_groups") or []
+    base = (state.get("scheduler") or {}).get("base_lrs") or [g.get("initial_lr") for g in groups]
+    diffs = []
+    for key, restored, now in (("trainer.lr", base, t.lr),
+                               ("trainer.weight_decay", [g.get("weight_decay") for g in groups], t.weight_decay)):
+        values = sorted({float(v) for v in restored if v is not None})
+        if values and values != [float(now)]:
+            diffs.append(f"{key}: {values[0] if len(values) == 1 else values!r} (checkpoint) vs {now!r} (now)")
+    if diffs:
+        raise ConfigError(f"trainer.resume=true: the optimizer in {folder / STATE_FILE} was built with other settings, "
+                          f"and a resume continues it as saved: {'; '.join(diffs)}. Put them back to continue the run, or "
+                          "start a new run in another folder (hydra.run.dir=...).")
+
+
 @dataclass
 class ResumePoint:
     """The checkpoint a run continues from, and its trainer state once read (None: read it again, elsewhere)."""
@@ -197,6 +222,7 @@ def find_resume_point(cfg, run_dir: Path) -> ResumePoint | None:
                         ", ".join(str(f) for f, _ in damaged), "; ".join(str(e) for _, e in damaged), folder.name,
                         set_aside([f for f, _ in damaged]))
         check_run_config(cfg, run_dir, folder, saved)
+        check_restored_optimizer(cfg, folder, state)
         return ResumePoint(folder, state)
     reasons = "; ".join(f"{f.name}: {e}" for f, e in damaged)
     raise CheckpointError(f"trainer.resume=true: every checkpoint in {run_dir / 'checkpoints'} is damaged ({reasons}), "
