@@ -253,6 +253,11 @@ def _run_files(run_dir: Path) -> tuple[Path, Path]:
                          f"(holds: {', '.join(inside) or 'nothing'}); {fix}.")
     if weights.name == ADAPTER_DIR and not (weights / "adapter_config.json").is_file():
         raise RunFolderError(f"prefzoo.load_policy: {weights} holds no adapter_config.json (an incomplete adapter); {fix}.")
+    from prefzoo.validation import pickled_adapter
+
+    unsafe = pickled_adapter(weights) if weights.name == ADAPTER_DIR else None
+    if unsafe:
+        raise RunFolderError(f"prefzoo.load_policy: {weights}: {unsafe}")
     if not config.is_file():
         raise RunFolderError(f"prefzoo.load_policy: {run_dir} holds no config.yaml (the run's resolved config, needed to "
                          f"rebuild the base model); {fix}.")

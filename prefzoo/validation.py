@@ -26,6 +26,7 @@ from prefzoo.errors import ConfigError
 log = logging.getLogger("prefzoo.config")
 
 __all__ = ["check_names", "check_annotator", "check_ood_eval", "check_early_stopping_metric", "check_adapter_path",
+           "pickled_adapter", "check_model_name",
            "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle"]
 
 
@@ -105,6 +106,21 @@ def check_adapter_path(cfg) -> None:
                 if os.path.isfile(os.path.join(inner, "adapter_config.json")) else "")
         raise ConfigError(f"model.adapter_path={path!r} holds no adapter_config.json, so it is not a peft adapter "
                           f"folder.{hint} Give the adapter/ folder of a run that trained with LoRA.")
+    unsafe = pickled_adapter(path)
+    if unsafe:
+        raise ConfigError(f"model.adapter_path={path!r}: {unsafe}")
+
+
+def pickled_adapter(folder) -> str | None:
+    """Why a peft adapter folder is refused, or None: one whose weights are only a pickle (``adapter_model.bin``, no
+    ``adapter_model.safetensors``). Loading a pickle can run code, and peft's own error then advises
+    ``weights_only=False`` -- the one dangerous fix; prefzoo loads adapter weights from safetensors only."""
+    if os.path.isfile(os.path.join(folder, "adapter_model.bin")) and \
+            not os.path.isfile(os.path.join(folder, "adapter_model.safetensors")):
+        return ("its weights are adapter_model.bin, a pickle (loading one can run code), and there is no "
+                "adapter_model.safetensors: prefzoo loads adapters in the safetensors format only. Where you trust the "
+                "file, convert it (peft: load it, then save_pretrained(folder, safe_serialization=True)).")
+    return None
 
 
 def check_reward_functions(cfg) -> None:
@@ -122,9 +138,27 @@ def check_reward_functions(cfg) -> None:
             raise ConfigError(f"{key}: {err}") from None
 
 
+def check_model_name(cfg) -> None:
+    """``model.name`` written as a local path (``/``, ``./``, ``../`` or ``~`` first) must be a folder that exists;
+    anything else not a built-in name is a Hugging Face model id (or a folder).
+
+    Raises:
+        ConfigError: naming the key, the path and what to give instead.
+    """
+    name = cfg.model.name
+    if name in ("smollm2", "tiny") or not name.startswith(("/", "./", "../", "~")):
+        return
+    path = os.path.expanduser(name)
+    if not os.path.isdir(path):
+        what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+        raise ConfigError(f"model.name={name!r} {what}; give a model folder (with config.json and the weights), a "
+                          "Hugging Face model id (org/name), or model=smollm2 / model=tiny.")
+
+
 def check_references(cfg, num_samples: int = 0) -> None:
     """The checks of names and paths (see the module docstring); raise :class:`ConfigError` on the first."""
     check_early_stopping_metric(cfg, num_samples)
+    check_model_name(cfg)
     check_adapter_path(cfg)
     check_reward_functions(cfg)
 

@@ -127,6 +127,28 @@ def test_load_policy_on_a_folder_without_a_run_names_the_folder_and_the_fix(tmp_
         prefzoo.load_policy(tmp_path / "missing")
 
 
+def test_a_pickled_adapter_is_refused_in_one_line_not_loaded(tmp_path):
+    """Hardening round 3, item 8: an adapter folder whose weights are only adapter_model.bin (a pickle: loading one
+    can run code). peft's own error advises weights_only=False -- the one dangerous fix; prefzoo refuses first, through
+    prefzoo.load_policy and through model.adapter_path, naming the file and the safe way (safetensors)."""
+    from prefzoo.errors import ConfigError
+    from prefzoo.validation import check_adapter_path
+    from tests.test_config import typed
+
+    run = tmp_path / "run"
+    (run / "adapter").mkdir(parents=True)
+    (run / "config.yaml").write_text("model:\n  name: tiny\n")
+    (run / "adapter" / "adapter_config.json").write_text("{}")
+    (run / "adapter" / "adapter_model.bin").write_bytes(b"\x80\x04planted")
+    with pytest.raises(RunFolderError, match=r"adapter: its weights are adapter_model.bin, a pickle \(loading one can "
+                                             r"run code\), and there is no adapter_model.safetensors"):
+        prefzoo.load_policy(run)
+    cfg = typed("model=tiny")
+    cfg.model.adapter_path = str(run / "adapter")
+    with pytest.raises(ConfigError, match=r"model.adapter_path=.*: its weights are adapter_model.bin, a pickle"):
+        check_adapter_path(cfg)
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_cli_run, tiny_api_run):
     """prefzoo.train(RUN) in a folder of its own, with the Trainer it ran kept (its policy at the end of training):

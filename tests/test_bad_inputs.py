@@ -169,6 +169,7 @@ CONFIG_CASES = [
     (["data.num_train=0"], "data.num_train=0 is invalid: it must be > 0"),
     # paths and reward functions, checked before anything loads
     (["model.adapter_path=/no/such/adapter"], "model.adapter_path='/no/such/adapter' does not exist"),
+    (["model.name=/no/such/model"], "model.name='/no/such/model' does not exist; give a model folder"),  # item 8
     (["model.adapter_path=/"], "model.adapter_path='/' holds no adapter_config.json"),
     (["reward.functions=[no_such_module:fn]"], "could not import module 'no_such_module'"),
     (["reward.functions=[tests.rewards.helpers:nope]"], "module 'tests.rewards.helpers' has no attribute 'nope'"),

@@ -105,6 +105,13 @@ OPTIMIZER_LR = ("trainer_state.pt was built with other settings, and a resume co
                 "(checkpoint) vs 0.001 (now). Put them back to continue the run, or start a new run in another folder")
 
 
+def state_without(checkpoint: Path, key: str) -> None:
+    """The checkpoint's trainer state, loadable, without ``key``."""
+    state = torch.load(checkpoint / STATE_FILE, weights_only=False)
+    del state[key]
+    torch.save(state, checkpoint / STATE_FILE)
+
+
 def without_run_config(run: Path) -> None:
     """Checkpoints as an earlier prefzoo wrote them: no run_config.json."""
     for step in (run / "checkpoints").iterdir():
@@ -201,6 +208,13 @@ CASES = [
     Case("damaged_run_config", overriding(RESUME, "trainer.max_steps=3"), "step-000002 is damaged",
          prepare=lambda run: (newest(run) / "run_config.json").write_text("{not json"), legal=True),
     Case("damaged_every_checkpoint", RESUME, "every checkpoint in", prepare=all_damaged),
+    # hardening round 3, item 8: a trainer state that loads but lacks a key is damaged (the previous checkpoint is
+    # used); a torn last line of metrics.jsonl is dropped with a warning (both were tracebacks)
+    Case("damaged_state_without_optimizer", overriding(RESUME, "trainer.max_steps=3"),
+         "step-000002 is damaged (", prepare=lambda run: state_without(newest(run), "optimizer"), legal=True),
+    Case("torn_metrics_line", overriding(RESUME, "trainer.max_steps=3"),
+         "metrics.jsonl:3 is not a JSON object (a line cut off when the run was stopped): dropped on resume",
+         prepare=lambda run: (run / "metrics.jsonl").open("a").write('{"step": 3, "loss": 0.'), legal=True),
     Case("pickled_code", RESUME, "would run code when loaded (posix.mkdir)", prepare=pickled_code, cli=True),
     Case("pickled_code_in_process", RESUME, "would run code when loaded (posix.mkdir)", prepare=pickled_code),
     # ---- locks

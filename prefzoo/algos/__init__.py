@@ -75,6 +75,11 @@ def load_target(target: str) -> type[Algorithm]:
     except ModuleNotFoundError as err:
         raise ConfigError(f"algo.target={target!r}: module {err.name!r} not found; is the package installed or on "
                           "PYTHONPATH?") from None
+    except Exception as err:  # the module itself raised while it was imported: the error is in its code
+        where = next((f" ({f.filename}, line {f.lineno})" for f in reversed(_traceback_frames(err))
+                      if not f.filename.startswith("<")), "")
+        raise ConfigError(f"algo.target={target!r}: importing module {module_name!r} failed with "
+                          f"{type(err).__name__}: {err}{where}; fix the module.") from None
     try:
         cls = getattr(module, attr)
     except AttributeError:
@@ -82,6 +87,12 @@ def load_target(target: str) -> type[Algorithm]:
     check_plugin(cls, f"algo.target={target!r}")
     REGISTRY.setdefault(cls.name, cls)
     return cls
+
+
+def _traceback_frames(err: BaseException) -> list:
+    import traceback
+
+    return traceback.extract_tb(err.__traceback__)
 
 
 def entry_point_algorithms() -> dict[str, str]:

@@ -138,6 +138,11 @@ def tiny_llama_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 
     )
 
 
+def _first_line(err: BaseException) -> str:
+    """An error's first non-empty line (the libraries' messages span several; prefzoo prints one)."""
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+
+
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """Tokenizer for ``model.name`` (SmolLM2's for ``smollm2`` and ``tiny``), with a pad token set.
 
@@ -149,8 +154,8 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     else:
         try:
             tok = AutoTokenizer.from_pretrained(name)
-        except OSError as err:
-            raise ModelError(f"could not load a tokenizer from {name!r}: {err}. Give a local directory or a "
+        except (OSError, ValueError) as err:  # ValueError: huggingface_hub's "Repo id must be in the form ..."
+            raise ModelError(f"could not load a tokenizer from {name!r}: {_first_line(err)}. Give a local directory or a "
                              "Hugging Face model id that is reachable (or in the local HF cache).") from err
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -199,6 +204,6 @@ def load_causal_lm(name: str, *, dtype: str = "float32", quantization_config=Non
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, quantization_config=quantization_config,
                                                     device_map=device_map)
-    except OSError as err:
-        raise ModelError(f"could not load model {name!r}: {err}. Give a local directory or a reachable Hugging "
-                         "Face model id, or model=smollm2 for the built-in default.") from err
+    except (OSError, ValueError) as err:  # ValueError: huggingface_hub's "Repo id must be in the form ..."
+        raise ModelError(f"could not load model {name!r}: {_first_line(err)}. Give a local directory or a reachable "
+                         "Hugging Face model id, or model=smollm2 for the built-in default.") from err

@@ -39,7 +39,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from prefzoo.errors import DataError, PrefzooError
+from prefzoo.errors import DataError, PrefzooError, RunFolderError
 from prefzoo.report.ood import has_ood, ood_section, plot_ood
 from prefzoo.report.overoptimisation import bon_against_rl, fit_overoptimisation, overoptimisation_points
 from prefzoo.report.plots import (caption, plot_against, plot_bon_vs_rl, plot_diversity, plot_frontier,
@@ -50,6 +50,25 @@ from prefzoo.report.speed_shape import rl_curves, speed_shape_test
 from prefzoo.report.tables import legend, markdown_table, overoptimisation_section, speed_shape_section
 
 __all__ = ["write_report", "main", "load_runs", "swept_keys", "markdown_table"]
+
+
+def _check_writable(out: Path) -> None:
+    """Create ``out`` and check that files can be written there.
+
+    Raises:
+        RunFolderError: one line naming the folder, the reason and ``--out``.
+    """
+    import os
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".prefzoo-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise RunFolderError(f"cannot write the report into {out} ({err.strerror or type(err).__name__}); give a "
+                             "writable folder with --out.") from None
 
 
 def write_report(root: Path, out: Path | None = None) -> dict:
@@ -63,7 +82,7 @@ def write_report(root: Path, out: Path | None = None) -> dict:
         raise DataError(f"no summary.json under {root}: point `python -m prefzoo.report` at a run folder or a "
                         "multirun folder (a run writes summary.json when it finishes).")
     out = Path(out or root)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_writable(out)
     keys = swept_keys(runs)
     table = markdown_table(runs, keys, base=out)
     plots = [p for p in [plot_frontier(runs, out / "frontier.png", keys)] if p]

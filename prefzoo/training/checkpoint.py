@@ -40,6 +40,8 @@ from prefzoo.training.layout import ADAPTER_DIR, CHECKPOINTS_DIR, MODEL_DIR, RUN
 
 log = logging.getLogger(__name__)
 
+#: what every trainer state the loop writes holds, and a resume reads (a state without one is damaged)
+REQUIRED_STATE = ("step", "optimizer", "scheduler", "sampler", "algo", "rng")
 PARTIAL_PREFIX = "."  # checkpoints/.step-XXXXXX.partial while being written (complete_checkpoints ignores it)
 
 _reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
@@ -276,6 +278,19 @@ def load_trainer_state(folder: Path) -> dict:
     if not isinstance(state, dict) or "step" not in state:
         raise DamagedCheckpoint(f"{path}: not a trainer state (no step)")
     return state
+
+
+def check_resumable(folder: Path, state: dict) -> None:
+    """A resume reads every part of :data:`REQUIRED_STATE` from a trainer state: one without a part (written by
+    something other than the loop, or edited) is damaged, so the previous checkpoint is used.
+
+    Raises:
+        DamagedCheckpoint: naming the file and the missing keys.
+    """
+    missing = [key for key in REQUIRED_STATE if key not in state]
+    if missing:
+        raise DamagedCheckpoint(f"{folder / STATE_FILE}: a trainer state without {', '.join(repr(k) for k in missing)} "
+                                "(not one the loop wrote)")
 
 
 def _first_line(err: BaseException) -> str:

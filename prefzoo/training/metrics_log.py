@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 from prefzoo.training.layout import METRICS_FILE
+
+log = logging.getLogger(__name__)
 
 
 def _clean(value):
@@ -36,10 +39,24 @@ class MetricsLog:
                 self.writer = None
 
     def truncate_after(self, step: int) -> None:
+        """Keep the lines of steps up to ``step`` (a resume continues after it). A line that is not a JSON object --
+        the last one, torn by a kill in mid-write -- is dropped with a warning naming the file and the line."""
         if not self.enabled or not self.path.is_file():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        kept = []
+        for number, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):
+                log.warning("%s:%d is not a JSON object (a line cut off when the run was stopped): dropped on resume",
+                            self.path, number)
+                continue
+            if row.get("step", 0) <= step:
+                kept.append(line)
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict) -> None:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from prefzoo.errors import CheckpointError, ConfigError, RunFolderError
 from prefzoo.training.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_CONFIG_FILE, STATE_FILE, SUMMARY_FILE
-from prefzoo.training.checkpoint import (DamagedCheckpoint, check_weights, complete_checkpoints, load_run_config,
-                                         load_trainer_state)
+from prefzoo.training.checkpoint import (DamagedCheckpoint, check_resumable, check_weights, complete_checkpoints,
+                                         load_run_config, load_trainer_state)
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,7 @@ def find_resume_point(cfg, run_dir: Path) -> ResumePoint | None:
     for folder in reversed(found):
         try:
             state = load_trainer_state(folder)
+            check_resumable(folder, state)
             check_weights(folder)
             saved = load_run_config(folder)
         except DamagedCheckpoint as err:

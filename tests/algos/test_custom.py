@@ -133,6 +133,20 @@ def test_a_class_that_breaks_the_contract_is_refused(monkeypatch, tmp_path):
         load_target("broken_algos:NoDeclare")
 
 
+def test_a_plugin_module_that_fails_on_import_is_one_line_naming_the_error_and_its_line(monkeypatch, tmp_path):
+    """Hardening round 3, item 8: a module that raises while it is imported (here a NameError on its line 2) gave a
+    traceback; now one ConfigError naming the target, the error and where it is."""
+    (tmp_path / "broken_import.py").write_text("import math\nvalue = undefined_name + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        load_target("broken_import:Algo")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("algo.target='broken_import:Algo': importing module 'broken_import' failed with "
+                              "NameError: name 'undefined_name' is not defined")
+    assert f"({tmp_path / 'broken_import.py'}, line 2); fix the module." in message
+
+
 def test_the_readme_shows_the_example_that_this_file_runs():
     """The README's 'Your own algorithm' code block is docs/examples/my_algos.py, verbatim."""
     readme = (ROOT / "README.md").read_text()

@@ -67,6 +67,22 @@ def test_report_table_has_a_row_per_run_and_swept_columns(sweep, tmp_path):
     assert (tmp_path / "preference_accuracy_vs_objective.beta.png").is_file()
 
 
+def test_a_report_into_a_folder_that_cannot_be_written_is_one_line(sweep):
+    """Hardening round 3, item 8: ``--out`` to a read-only place gave a traceback (PermissionError from matplotlib
+    or mkdir); now one line naming the folder and --out, before any file is written. /sys refuses new folders even to
+    root (this test machine runs as root, which ignores chmod)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("runs as root only (uses /sys)")
+    proc = subprocess.run([sys.executable, "-m", "prefzoo.report", str(sweep), "--out", "/sys/prefzoo-report"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("prefzoo: error: cannot write the report into /sys/prefzoo-report (")
+    assert lines[0].endswith("give a writable folder with --out.")
+
+
 def test_a_folder_of_separate_runs_is_labelled_by_what_changes_results():
     """A folder of runs made one by one (`prefzoo report <folder>`, no sweep): how a run was executed (thread count,
     the before-training evaluation) is no swept setting, and a run that did not set a key says nothing of it.
