@@ -1,6 +1,8 @@
 """The plugin contract: what an algorithm declares, and the few methods the training loop calls.
 
-A plugin is a subclass of :class:`Algorithm` with a typed config (a subclass of :class:`AlgoConfig`). It
+A plugin is a subclass of :class:`Algorithm` with a typed config (a subclass of :class:`AlgoConfig`), directly or
+through its family's body (:class:`prefzoo.algos.online.OnlinePolicyGradient`,
+:class:`prefzoo.algos.pairwise.DirectPreference`: not plugins themselves); no plugin subclasses another plugin. It
 sees the world only through :mod:`prefzoo.types` (batches, :class:`~prefzoo.types.Policy`, a scorer) and
 :mod:`prefzoo.objective` (the maths); it never imports a model class, a dataset or the loop.
 
