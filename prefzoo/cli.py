@@ -229,7 +229,9 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
 
 
 def build_pairs(argv: list[str] | None = None) -> int:
-    """``python -m prefzoo.cli pairs [overrides]``: build (or find) the cached pairs and print where they are.
+    """``python -m prefzoo.cli pairs [overrides]``: build (or find) the cached pairs and print where they are. It
+    samples them from the model even where a set ships with prefzoo for these settings (a shipped copy in the cache is
+    replaced), so the shipped set can be rebuilt and compared.
 
     Takes the same overrides as ``train.py`` (e.g. ``data.pairs.num_prompts=512 reward=sentiment``). A prefzoo
     error is printed as one line (``prefzoo: error: ...``) and the exit status is 2.
@@ -250,7 +252,8 @@ def build_pairs(argv: list[str] | None = None) -> int:
             cfg = to_typed(compose("config", overrides=list(sys.argv[1:] if argv is None else argv)))
         tokenizer = load_tokenizer(cfg.model.name)
         train, held = task_prompts(cfg, tokenizer)
-        data, stats = preference_data(cfg, tokenizer, build_reward(cfg), train, held, pick_device(cfg.trainer.device))
+        data, stats = preference_data(cfg, tokenizer, build_reward(cfg), train, held, pick_device(cfg.trainer.device),
+                                      shipped=False)  # sampled from the model, also where a set ships with prefzoo
     except (PrefzooError, HydraException) as err:  # a bad override or value: one line, no traceback
         print("prefzoo: error: " + "; ".join(line.strip() for line in str(err).splitlines() if line.strip()),
               file=sys.stderr)

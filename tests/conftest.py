@@ -35,7 +35,10 @@ NOT_FAST_WORDS = ("tiny_model", "command_line", "through_the_loop", "trains_two_
 
 
 def pytest_collection_modifyitems(config, items):
+    selected = "real_model" in (config.getoption("-m") or "")
     for item in items:
+        if "real_model" in item.keywords and not selected:
+            item.add_marker(pytest.mark.skip(reason="samples SmolLM2 for minutes: run it with pytest -m real_model"))
         path = item.nodeid.split("::", 1)[0]
         if path.startswith(FAST_PATHS) and not any(word in item.name for word in NOT_FAST_WORDS):
             item.add_marker(pytest.mark.fast)

@@ -38,6 +38,12 @@ the training prompts again (same seed) and writes it beside the cached pairs, wh
 
 Run once with ``python -m prefzoo.cli pairs`` (same overrides as ``train.py``; :func:`prefzoo.cli.build_pairs`);
 ``train.py`` builds it on first use and caches it under ``$PREFZOO_CACHE/pairs``.
+
+**Shipped pairs** (:data:`SHIPPED`): the set ``make train`` uses -- the default task, model (SmolLM2-135M-Instruct) and
+pair settings -- ships with the package, built by ``prefzoo pairs`` with the defaults (``made_by`` in its
+``stats.json``: the command, the commit and the machine). A run whose cache key is a shipped folder's copies it into the
+cache instead of sampling (12 minutes on 2 CPU cores), saying so; ``prefzoo pairs`` always samples, replacing a
+shipped copy in the cache, so the set can be rebuilt and compared (``tests/data/test_shipped_pairs.py``).
 """
 
 from __future__ import annotations
@@ -252,19 +258,30 @@ def unpaired_path(train_path: Path) -> Path:
     return train_path.with_name("train_unpaired.jsonl")
 
 
-def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: PromptSet, eval_prompts: PromptSet,
-                        cache_root: Path, progress: bool = True, unpaired: bool = False) -> tuple[Path, Path, dict]:
-    """Paths of the cached train/eval pair files for this task and model, building them if absent.
+#: the pair sets that ship with prefzoo, one folder per cache key (``<task>-<key>``): see the module docstring
+SHIPPED = Path(__file__).resolve().parent / "shipped_pairs"
+PAIR_FILES = ("train.jsonl", "eval.jsonl", "train_unpaired.jsonl", "stats.json")
 
-    The unpaired rows of the training samples are written beside them (:func:`unpaired_path`); ``unpaired``:
-    the caller reads them, so a cache without them (built before they existed) gets them: the training prompts are
-    sampled again with the same seed, and only the unpaired file is written (the cached pairs are kept as they are).
 
-    Args:
-        cfg: the full config (``data``, ``data.pairs``, ``model.name``, ``reward`` are read).
-        build_policy: zero-argument callable returning the reference policy to sample from (called only
-            when the pairs must be built).
-    """
+def copy_shipped(folder: Path) -> bool:
+    """Copy the shipped set of ``folder``'s cache key into ``folder`` (True), or do nothing when none ships (False)."""
+    shipped = SHIPPED / folder.name
+    if not (shipped / "train.jsonl").is_file():
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PAIR_FILES:
+        if (shipped / name).is_file():
+            (folder / name).write_bytes((shipped / name).read_bytes())
+    made = json.loads((shipped / "stats.json").read_text()).get("made_by", {})
+    log.info("using the preference pairs shipped with prefzoo for these settings (built by `%s` on %s); "
+             "`prefzoo pairs` rebuilds them from the model", made.get("command", "prefzoo pairs"),
+             made.get("machine", "another machine"))
+    return True
+
+
+def pairs_folder(cfg, cache_root: Path) -> Path:
+    """The cache folder of the built-in pairs of ``cfg`` (``<cache_root>/pairs/<task>-<key>``): the key hashes the task,
+    the pair settings, the model's name and the reward, so other settings build (or find) a set of their own."""
     p = cfg.data.pairs
     pairs_key = dict(vars(p) if not hasattr(p, "_content") else p)
     if pairs_key.get("require_finished", True):  # the default leaves the key (and the caches built before it) as it was
@@ -281,10 +298,34 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     key = cache_key({"task": task,
                      "pairs": pairs_key, "model": cfg.model.name,
                      "reward": [list(cfg.reward.functions), cfg.reward.weights], "version": 4})
-    folder = cache_root / "pairs" / f"{cfg.data.name}-{key}"
+    return cache_root / "pairs" / f"{cfg.data.name}-{key}"
+
+
+def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: PromptSet, eval_prompts: PromptSet,
+                        cache_root: Path, progress: bool = True, unpaired: bool = False,
+                        shipped: bool = True) -> tuple[Path, Path, dict]:
+    """Paths of the cached train/eval pair files for this task and model, building them if absent.
+
+    The unpaired rows of the training samples are written beside them (:func:`unpaired_path`); ``unpaired``:
+    the caller reads them, so a cache without them (built before they existed) gets them: the training prompts are
+    sampled again with the same seed, and only the unpaired file is written (the cached pairs are kept as they are).
+
+    Args:
+        cfg: the full config (``data``, ``data.pairs``, ``model.name``, ``reward`` are read).
+        build_policy: zero-argument callable returning the reference policy to sample from (called only
+            when the pairs must be built).
+        shipped: use the set that ships with prefzoo for this cache key (:data:`SHIPPED`) instead of sampling; False
+            (``prefzoo pairs``): sample, also over a shipped copy in the cache.
+    """
+    p = cfg.data.pairs
+    folder = pairs_folder(cfg, cache_root)
     train_path, eval_path, stats_path = folder / "train.jsonl", folder / "eval.jsonl", folder / "stats.json"
     have_pairs = _has_rows(train_path) and _has_rows(eval_path)  # (an empty file, cached before this check, is rebuilt)
+    if not have_pairs and shipped:
+        have_pairs = copy_shipped(folder)
     cached_stats = json.loads(stats_path.read_text()) if have_pairs and stats_path.is_file() else {}
+    if not shipped and "made_by" in cached_stats:  # prefzoo pairs: a shipped copy is rebuilt from the model
+        have_pairs, cached_stats = False, {}
     if have_pairs and (not unpaired or _has_rows(unpaired_path(train_path))):
         return train_path, eval_path, cached_stats
     policy = build_policy()

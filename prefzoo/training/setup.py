@@ -80,12 +80,14 @@ def reasoning_gym_task(cfg: Config):
 
 
 def preference_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | None, eval_prompts: PromptSet | None,
-                    device: torch.device) -> tuple[PreferenceData, dict]:
-    """Tokenised preference pairs: a user's file, or the built-in on-policy pairs of the task (built once)."""
+                    device: torch.device, shipped: bool = True) -> tuple[PreferenceData, dict]:
+    """Tokenised preference pairs: a user's file, or the built-in on-policy pairs of the task (built once, or the set
+    shipped with prefzoo for these settings; ``shipped=False``: sampled from the model)."""
     d = cfg.data
     stats: dict = {}
     if d.name in BUILTIN_TASKS and not d.path:
-        train_path, eval_path, stats = builtin_pairs(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device)
+        train_path, eval_path, stats = builtin_pairs(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device,
+                                                     shipped=shipped)
         train_table, eval_table = load_table(str(train_path)), load_table(str(eval_path))
     else:
         train_table, eval_table = data_file_tables(cfg)
@@ -96,7 +98,7 @@ def preference_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet 
 
 
 def builtin_pairs(cfg: Config, tokenizer, reward_fn, train_prompts, eval_prompts, device: torch.device,
-                  unpaired: bool = False):
+                  unpaired: bool = False, shipped: bool = True):
     """(train path, eval path, stats) of the task's built-in pairs, built from the reference model once
     (:func:`prefzoo.data.pairs.build_or_load_pairs`; ``unpaired``: with their unpaired rows beside them)."""
     d = cfg.data
@@ -107,7 +109,7 @@ def builtin_pairs(cfg: Config, tokenizer, reward_fn, train_prompts, eval_prompts
         return CausalLMPolicy(model.eval(), tokenizer, generator=gen)
 
     return build_or_load_pairs(cfg, tokenizer, reference_policy, reward_fn, train_prompts, eval_prompts, cache_dir(),
-                               progress=cfg.trainer.progress, unpaired=unpaired)
+                               progress=cfg.trainer.progress, unpaired=unpaired, shipped=shipped)
 
 
 def data_file_tables(cfg: Config):

