@@ -54,6 +54,8 @@ def test_the_wheel_holds_every_config_file_and_the_console_script(wheel):
         (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert "prefzoo = prefzoo.commands:main" in z.read(ep).decode()
         assert "prefzoo/__main__.py" in names
+        shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "prefzoo" / "data" / "shipped_pairs").rglob("*.json*")}
+        assert len(shipped) >= 4 and sorted(shipped - names) == []  # the built-in pairs make train uses
 
 
 @pytest.mark.slow  # ~40 s of CPU: install, 2 DPO steps of the tiny model with one evaluation, the report
