@@ -196,6 +196,7 @@ class OODConfig:
 class EvalConfig:
     before: bool = True
     after: bool = True
+    reuse_before: bool = True  # the evaluation before training computed once per setting (prefzoo.training.baseline)
     every: int = 0  # also evaluate every N training steps (0: never): eval_step<N>.json and summary's eval_history
     gold_reward: GoldRewardConfig = field(default_factory=GoldRewardConfig)
     ood: OODConfig = field(default_factory=OODConfig)  # a shifted held-out task too (ood_* metrics), prefzoo.data.ood

@@ -56,6 +56,8 @@ def test_the_wheel_holds_every_config_file_and_the_console_script(wheel):
         assert "prefzoo/__main__.py" in names
         shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "prefzoo" / "data" / "shipped_pairs").rglob("*.json*")}
         assert len(shipped) >= 4 and sorted(shipped - names) == []  # the built-in pairs make train uses
+        evaluations = {p.relative_to(ROOT).as_posix() for p in (ROOT / "prefzoo" / "evaluation" / "shipped").glob("*.json")}
+        assert len(evaluations) >= 1 and sorted(evaluations - names) == []  # ... and its evaluation before training
 
 
 @pytest.mark.slow  # ~40 s of CPU: install, 2 DPO steps of the tiny model with one evaluation, the report

@@ -204,8 +204,10 @@ class Evaluator:
         mean, se = _mean_se(wins)
         return {"preference_accuracy": mean, "preference_accuracy_se": se, "n_pairs": len(wins)}
 
-    def run(self) -> dict:
-        """All metrics that apply; keys as in the module docstring."""
+    def policy_metrics(self) -> dict:
+        """The metrics of the policy's own completions (greedy answers, samples, pass@k): everything but the
+        preference accuracy. Seeded (``seed``), so the same policy gives the same samples before and after
+        training; this is the part :mod:`prefzoo.training.baseline` reuses for the starting policy."""
         gen = torch.Generator(device=self.policy.device).manual_seed(self.seed)
         saved, self.policy.generator = self.policy.generator, gen  # the same samples before and after training
         try:
@@ -215,8 +217,16 @@ class Evaluator:
                 out.update(self.sampled_metrics())
                 if self.num_samples > 1 and self.correctness_fn is not None and "correctness" not in self._unusable:
                     out.update(self.pass_at_k())
-            if self.preference_examples and self.implicit_rewards is not None:
-                out.update(self.preference_metrics())
             return out
         finally:
             self.policy.generator = saved
+
+    def pair_metrics(self) -> dict:
+        """The held-out preference accuracy (the plugin's implicit rewards on held-out pairs), or {} without them."""
+        if self.preference_examples and self.implicit_rewards is not None:
+            return self.preference_metrics()
+        return {}
+
+    def run(self) -> dict:
+        """All metrics that apply; keys as in the module docstring."""
+        return {**self.policy_metrics(), **self.pair_metrics()}

@@ -61,7 +61,8 @@ from prefzoo.data.unpaired import collate_examples
 from prefzoo.errors import CheckpointError
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.evaluation.ood import OOD_RESULTS, build_ood_evaluator
-from prefzoo.models.loading import load_tokenizer
+from prefzoo.models.loading import cache_dir, load_tokenizer
+from prefzoo.training import baseline
 from prefzoo.training.early_stopping import EarlyStopping
 from prefzoo.training.checkpoint import (load_trainer_state, load_weights, rng_state, save_checkpoint, save_weights,
                                          set_rng_state)
@@ -324,12 +325,43 @@ class Trainer:
         self.dp.barrier()
 
     # --------------------------------------------------------------------- run
-    def evaluate(self, tag: str) -> dict:
-        """Run the shared evaluation, write ``eval_<tag>.json`` and add the result to the eval history."""
-        start = time.perf_counter()
-        result = self.evaluator.run()
+    def policy_metrics(self) -> dict:
+        """The evaluation's metrics of the policy's own completions, the shifted task's (``eval.ood``) included."""
+        result = self.evaluator.policy_metrics()
         if self.ood_evaluator is not None:  # eval.ood: the same evaluation on the shifted task, keys ood_*
             result.update(self.ood_evaluator.run())
+        return result
+
+    def starting_metrics(self) -> dict:
+        """:meth:`policy_metrics` of the starting policy, reused from an evaluation with the same settings when there is
+        one (:mod:`prefzoo.training.baseline`: the cache, or the set that ships), else computed and stored; the result
+        says where it came from (``reused_from``)."""
+        why = baseline.not_reusable(self.cfg)
+        if why is None and self.algo.evaluation_policy(self.policy, self.scorer) is not self.policy:
+            why = f"algo={self.cfg.algo.name} evaluates a policy of its own"
+        if why is not None:
+            log.debug("the evaluation before training is computed: %s", why)
+            return self.policy_metrics()
+        key, parts = baseline.starting_key(self.cfg, reference=self.policy.reference is not None,
+                                           num_samples=self.declaration.num_samples,
+                                           env=baseline.environment(self.device))
+        found = baseline.load(cache_dir(), key)
+        if found is not None:
+            result, path = found
+            log.info("evaluation before training: the starting policy's, reused (%s); eval.reuse_before=false computes "
+                     "it again", baseline.describe(path))
+            return {**result, "reused_from": str(path)}
+        start = time.perf_counter()
+        result = self.policy_metrics()
+        baseline.store(cache_dir(), key, parts, result, time.perf_counter() - start)
+        return result
+
+    def evaluate(self, tag: str, starting: bool = False) -> dict:
+        """Run the shared evaluation, write ``eval_<tag>.json`` and add the result to the eval history. ``starting``:
+        the policy has not trained yet (:meth:`starting_metrics`)."""
+        start = time.perf_counter()
+        result = self.starting_metrics() if starting else self.policy_metrics()
+        result.update(self.evaluator.pair_metrics())
         result["seconds"] = round(time.perf_counter() - start, 1)
         (self.run_dir / EVAL_FILE.format(tag=tag)).write_text(json.dumps(result, indent=2))
         self.metrics_log.log_eval(self.step, result)  # eval/<metric> in TensorBoard and the trackers
@@ -394,7 +426,7 @@ class Trainer:
         main = self.dp.is_main
         before = None
         if main and self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / EVAL_FILE.format(tag="before")).is_file()):
-            before = self.evaluate("before")
+            before = self.evaluate("before", starting=not resumed)
             print_eval("before training", before)
         elif main and (self.run_dir / EVAL_FILE.format(tag="before")).is_file():
             before = json.loads((self.run_dir / EVAL_FILE.format(tag="before")).read_text())

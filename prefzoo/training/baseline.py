@@ -1,0 +1,166 @@
+"""The evaluation before training, computed once per setting: the starting policy's evaluation, reused.
+
+Before its first step a LoRA policy IS its base model (peft starts the adapter at B = 0, so W + BA = W exactly), and
+a full fine-tune starts from the base weights: every run that starts from the same model, evaluates the same held-out
+task the same way and seeds the evaluation alike measures the same numbers before training. On a 2-core CPU that
+evaluation takes about two minutes of SmolLM2 (200 greedy answers, 64 samples and their KL passes), paid again by every
+run of a sweep. So the part of it that depends only on the starting policy -- :meth:`Evaluator.policy_metrics
+<prefzoo.evaluation.evaluate.Evaluator.policy_metrics>`: task accuracy and reward, the sampled metrics, pass@k, the
+shifted task's metrics -- is kept under ``$PREFZOO_CACHE/evaluations/<key>.json`` and reused; the preference accuracy
+(the plugin's implicit rewards, e.g. DPO's beta-scaled log-ratios) is computed every time, seconds.
+
+The key (:func:`starting_key`) holds everything that can change those numbers: the model settings (``model.*``), the
+task (``data.*`` but the pair-building settings), the reward and gold reward, the evaluation settings, the rollout
+engine's settings, ``trainer.seed`` (it seeds the evaluation's samples), the algorithm's name, whether a reference is
+loaded (the KL keys) and pass@k's k, the device, on a CPU its instruction set and the torch thread count (a matmul's
+rounding depends on both; 1 and 2 threads draw different samples of SmolLM2 from one seed), and the torch and
+transformers versions; :data:`VERSION` is raised when the evaluation's computation
+changes. A setting outside the key cannot change the starting policy's completions.
+
+The model is named (``smollm2``, ``tiny``) or a local folder, whose files' sizes and modification times are in the
+key too. Not reused (computed as before, :func:`not_reusable` says why): ``eval.reuse_before=false``; a model given
+as a hub id (its files can change under the same name); a run that starts from an adapter (``model.adapter_path``),
+reads a preference file (``data.path``: its held-out prompts live in a file) or scores with a function or model of the
+user's (``reward.functions`` / ``eval.gold_reward.functions`` outside :data:`~prefzoo.rewards.registry.BUILTIN_REWARDS`,
+``reward=model``): code and weights the key cannot see; a plugin that evaluates a policy of its own (best-of-n); a
+resumed run (its evaluation before training is in its folder).
+
+**Shipped** (:data:`SHIPPED`): the evaluation of ``make train``'s settings (the default DPO run on SmolLM2) ships with
+the package, as its preference pairs do (:mod:`prefzoo.data.pairs`), so a first ``make train`` goes to its first
+training step in seconds; the key holds the environment it was computed in (torch, transformers, threads, device),
+so another environment computes its own. ``tests/training/test_baseline.py`` (marker ``real_model``) computes it again
+and compares. A reused evaluation says so: ``reused_from`` in ``eval_before.json`` and one line in the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+log = logging.getLogger(__name__)
+
+#: raised when the evaluation's computation (prefzoo.evaluation, the decode loop) changes what it measures
+VERSION = 1
+#: the evaluations that ship with prefzoo, one file per key (see the module docstring)
+SHIPPED = Path(__file__).resolve().parents[1] / "evaluation" / "shipped"
+#: ``eval.*`` keys that say when to evaluate, not what an evaluation measures
+_WHEN = ("before", "after", "every", "reuse_before")
+
+
+def not_reusable(cfg) -> str | None:
+    """Why the starting policy's evaluation under ``cfg`` is computed rather than reused, or None when it may be
+    reused (the plugin's evaluation policy and resuming are the trainer's to check)."""
+    from prefzoo.rewards.registry import BUILTIN_REWARDS
+
+    if not cfg.eval.reuse_before:
+        return "eval.reuse_before=false"
+    if cfg.model.adapter_path:
+        return "the run starts from model.adapter_path"
+    if cfg.data.path:
+        return "the held-out prompts come from data.path"
+    if cfg.reward.name == "model" or cfg.reward.path:
+        return "the reward is a model of the run's own (reward=model)"
+    custom = [f for f in [*cfg.reward.functions, *cfg.eval.gold_reward.functions] if f not in BUILTIN_REWARDS]
+    if custom:
+        return f"reward function {custom[0]!r} is the user's own (its code is not in the key)"
+    if cfg.model.name not in ("smollm2", "tiny") and not Path(cfg.model.name).is_dir():
+        return f"model.name={cfg.model.name!r} is a hub id (its files can change under the same name)"
+    return None
+
+
+def model_files(name: str) -> list | None:
+    """(file, size, modification time) of each file of a local model folder, or None for a named model."""
+    folder = Path(name)
+    if name in ("smollm2", "tiny") or not folder.is_dir():
+        return None
+    return [(str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()]
+
+
+def environment(device: torch.device | str) -> dict:
+    """What the same settings' numbers can still depend on: library versions, the device type, and on a CPU the
+    instruction set torch's kernels use (``AVX2``, ``AVX512``: their sums round differently) and torch's thread count
+    (measured on SmolLM2: 1 and 2 threads draw different samples from the same seed)."""
+    kind = torch.device(device).type
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "device": kind,
+           "threads": torch.get_num_threads()}
+    if kind == "cpu":
+        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return env
+
+
+def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[str, dict]:
+    """(key, parts): the cache key of the starting policy's evaluation under ``cfg`` (a typed
+    :class:`~prefzoo.config.Config`) and the parts it hashes (written beside the result, so a file says what it is).
+
+    Args:
+        reference: the run loads a reference policy (the evaluation then measures KL(pi || pi_ref)).
+        num_samples: k of the evaluation's pass@k (0: none).
+        env: :func:`environment` of the process that evaluates.
+    """
+    def plain(node):
+        return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
+
+    data = {k: v for k, v in plain(cfg.data).items() if k != "pairs"}
+    evaluation = {k: v for k, v in plain(cfg.eval).items() if k not in _WHEN}
+    parts = {"version": VERSION, "algo": cfg.algo.name, "model": plain(cfg.model), "data": data,
+             "reward": plain(cfg.reward), "eval": evaluation, "rollout": plain(cfg.rollout),
+             "model_files": model_files(cfg.model.name), "seed": cfg.trainer.seed, "reference": bool(reference),
+             "num_samples": int(num_samples), "environment": env}
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return f"{cfg.data.name}-{hashlib.sha256(blob).hexdigest()[:16]}", parts
+
+
+def cache_path(cache_root: Path, key: str) -> Path:
+    return Path(cache_root) / "evaluations" / f"{key}.json"
+
+
+def load(cache_root: Path, key: str) -> tuple[dict, Path] | None:
+    """(the stored policy metrics, the file they came from) for ``key``: the cache's, else the shipped one; None when
+    neither holds it. A damaged cache file is warned about and ignored (it is computed again and replaced)."""
+    for path in (cache_path(cache_root, key), SHIPPED / f"{key}.json"):
+        if not path.is_file():
+            continue
+        try:
+            stored = json.loads(path.read_text())
+            result = stored["result"]
+            if not isinstance(result, dict):
+                raise TypeError("result is not a mapping")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("%s is not a readable evaluation (%s): the evaluation before training is computed again",
+                        path, err)
+            continue
+        return result, path
+    return None
+
+
+def store(cache_root: Path, key: str, parts: dict, result: dict, seconds: float) -> Path:
+    """Write ``result`` (the starting policy's metrics) under ``key``, atomically (two runs may finish it at once)."""
+    path = cache_path(cache_root, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    made_by = {"seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": parts, "made_by": made_by, "result": result}, indent=2, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def describe(path: Path) -> str:
+    """Where a reused evaluation came from, for the log: the shipped set or the cache file, and when it was made."""
+    try:
+        made = json.loads(path.read_text()).get("made_by", {})
+    except (OSError, ValueError):
+        made = {}
+    where = "shipped with prefzoo" if path.parent == SHIPPED else f"cached in {path}"
+    when = f", computed {made['date']}" if made.get("date") else ""
+    return where + when
