@@ -29,12 +29,14 @@ from prefzoo.algos import BUILTIN
 
 ROOT = Path(prefzoo.__file__).parent
 
-#: room -> the rooms it may import (besides itself). ``errors`` and ``text`` are leaves everyone may import.
-BASE = {"errors", "text"}
+#: room -> the rooms it may import (besides itself). ``errors``, ``text`` and ``runtime`` (the numerics environment)
+#: are leaves everyone may import.
+BASE = {"errors", "text", "runtime"}
 MIDDLE = {"types", "objective", "config", "validation", "models", "data", "rollout", "rewards", "evaluation"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "text": set(),
+    "runtime": set(),
     "objective": BASE,
     "types": BASE | {"objective"},
     "algos": BASE | {"objective", "types"},

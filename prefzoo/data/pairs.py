@@ -58,6 +58,7 @@ from pathlib import Path
 
 import torch
 
+from prefzoo.runtime import numerics_environment
 from prefzoo.types import SamplingParams
 from prefzoo.data.prompts import PromptSet
 from prefzoo.errors import DataError
@@ -359,6 +360,7 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     for path, rows in built.items():  # only a complete set is cached
         write_jsonl(path, rows)
     stats["seconds"] = round(time.perf_counter() - start, 1)
+    stats["sampled_with"] = numerics_environment(policy.device)  # what the same seed's samples also depend on
     stats_path.write_text(json.dumps(stats, indent=2))
     log.info("built preference pairs in %.0f s: %s", stats["seconds"], stats)
     return train_path, eval_path, stats

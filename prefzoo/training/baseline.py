@@ -25,7 +25,7 @@ user's (``reward.functions`` / ``eval.gold_reward.functions`` outside :data:`~pr
 ``reward=model``): code and weights the key cannot see; a plugin that evaluates a policy of its own (best-of-n); a
 resumed run (its evaluation before training is in its folder).
 
-**Shipped** (:data:`SHIPPED`): the evaluation of ``make train``'s settings (the default DPO run on SmolLM2) ships with
+**Shipped** (:data:`SHIPPED`): the evaluation of ``make train``'s settings (the default run, RPO on SmolLM2) ships with
 the package, as its preference pairs do (:mod:`prefzoo.data.pairs`), so a first ``make train`` goes to its first
 training step in seconds; the key holds the environment it was computed in (torch, transformers, threads, device),
 so another environment computes its own. ``tests/training/test_baseline.py`` (marker ``real_model``) computes it again
@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
+
+from prefzoo.runtime import numerics_environment
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +88,8 @@ def model_files(name: str) -> list | None:
 
 
 def environment(device: torch.device | str) -> dict:
-    """What the same settings' numbers can still depend on: library versions, the device type, and on a CPU the
-    instruction set torch's kernels use (``AVX2``, ``AVX512``: their sums round differently) and torch's thread count
-    (measured on SmolLM2: 1 and 2 threads draw different samples from the same seed)."""
-    kind = torch.device(device).type
-    env = {"torch": torch.__version__, "transformers": transformers.__version__, "device": kind,
-           "threads": torch.get_num_threads()}
-    if kind == "cpu":
-        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    return env
+    """What the same settings' numbers can still depend on (:func:`prefzoo.runtime.numerics_environment`)."""
+    return numerics_environment(device)
 
 
 def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[str, dict]:

@@ -173,11 +173,15 @@ def test_the_settings_of_make_train_name_a_shipped_evaluation_made_where_make_tr
 @pytest.mark.real_model
 @pytest.mark.slow
 def test_the_shipped_evaluation_is_what_the_default_run_computes(tmp_path, monkeypatch):
-    """On the real model (marker real_model, ~2 min on 2 threads): the default run's starting policy evaluated again
-    (eval.reuse_before=false) gives the shipped numbers: the greedy answers exactly, the sampled metrics to 1e-6."""
+    """On the real model (marker real_model, ~2 min on 2 threads), in the environment the shipped file records: the
+    default run's starting policy evaluated again (eval.reuse_before=false) gives the shipped numbers: the greedy
+    answers exactly, the sampled metrics to 1e-6."""
     (path,) = baseline.SHIPPED.glob("*.json")
     shipped = json.loads(path.read_text())
-    torch.set_num_threads(shipped["key"]["environment"]["threads"])
+    wanted = shipped["key"]["environment"]
+    torch.set_num_threads(wanted["threads"])
+    if baseline.environment("cpu") != wanted:  # another machine's rounding draws other samples (prefzoo.runtime)
+        pytest.skip(f"the shipped evaluation was computed with {wanted}; this machine: {baseline.environment('cpu')}")
     monkeypatch.setattr(loop, "cache_dir", lambda: tmp_path / "cache")
     trainer = Trainer(compose(["eval.reuse_before=false", "trainer.progress=false"]), tmp_path / "run")
     computed = trainer.policy_metrics()
