@@ -133,7 +133,8 @@ def preflight(cfg: DictConfig) -> Preflight:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
     from prefzoo.training.plugin import build_algorithm
-    from prefzoo.validation import check_batch_size, check_kl_controller, check_names, check_references, warn_idle
+    from prefzoo.validation import (check_batch_size, check_environment, check_kl_controller, check_names,
+                                    check_references, warn_idle)
 
     check_names(typed)  # the annotator, eval.ood's shifted task: names in the data's registries
 
@@ -143,6 +144,7 @@ def preflight(cfg: DictConfig) -> Preflight:
 
     check_batch_size(typed, declaration.min_batch_size, launched_world_size())  # rows per process and step
     check_kl_controller(typed, declaration.has("adaptive_beta"))
+    check_environment(typed, declaration.online)  # env=...: the class's shape and the budget, before any model loads
     check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
     from prefzoo.training.trackers import check_report_to
 

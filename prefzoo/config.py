@@ -240,6 +240,18 @@ class TrainerConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn episodes (:mod:`prefzoo.environments`): who answers the policy between its turns, and the budget."""
+
+    name: str = "none"  # none | retry | calculator | custom (env.target)
+    target: Optional[str] = None  # env=custom: package.module:Class (an environment) or package.module:TOOLS (functions)
+    max_turns: int = 4  # policy turns per episode
+    max_tokens: int = 384  # completion tokens per episode, the policy's and the environment's
+    tool_timeout: float = 10.0  # seconds a tool call may run before it is answered with an error
+    turn_cost: float = 0.0  # env=retry: reward lost per attempt after the first
+
+
+@dataclass
 class Config:
     algo: Any = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -249,10 +261,11 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 GROUP_SCHEMAS = {"model": ModelConfig, "data": DataConfig, "reward": RewardConfig,
-                 "objective": ObjectiveConfig, "trainer": TrainerConfig}
+                 "objective": ObjectiveConfig, "trainer": TrainerConfig, "env": EnvConfig}
 
 
 def register_configs(algo_schemas: Mapping[str, type], extra_algos: Mapping[str, type] = {}) -> None:

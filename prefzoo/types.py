@@ -37,7 +37,7 @@ from torch import Tensor
 
 from prefzoo.objective import last_token_index
 
-__all__ = ["Batch", "SequenceBatch", "PromptBatch", "PreferenceBatch", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
+__all__ = ["Batch", "SequenceBatch", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch", "PreferenceBatch", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
            "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES",
            "sequence_rewards"]
 
@@ -110,6 +110,14 @@ class SequenceBatch(Batch):
         sample_logps: Shape (B, T) float32, the log-prob each completion token had in the rollout engine that
             sampled it (0 on padding), when the engine is not the trainer's own model (``rollout.engine=vllm``);
             else None. Compared with the trainer's recomputation (:func:`prefzoo.objective.sampler_mismatch`).
+        token_mask: Shape (B, T) bool, True on every completion position that holds a token, the policy's OR an
+            environment's (a multi-turn trajectory: tool results and feedback between the policy's turns), or None
+            when every token is the policy's (then it equals ``completion_mask``). ``completion_mask`` marks the
+            policy's own tokens only: they alone have a loss, a KL term, an entropy term or a place in a per-token
+            count; the environment's tokens are part of the state every forward pass attends to
+            (:attr:`completion_tokens`).
+        episodes: per row, what a multi-turn rollout recorded besides the ids (:class:`EpisodeLog`: the conversation,
+            the environment's reward, turn and tool-call counts), or None for single-turn rows.
     """
 
     prompt_ids: Tensor
@@ -119,14 +127,26 @@ class SequenceBatch(Batch):
     prompt_index: Tensor | None = None
     truncated: Tensor | None = None
     sample_logps: Tensor | None = None
+    token_mask: Tensor | None = None
+    episodes: list | None = None
+
+    @property
+    def completion_tokens(self) -> Tensor:
+        """Shape (B, T) bool: the completion positions that hold a token (the policy's or an environment's), i.e. what
+        a forward pass attends to; ``completion_mask`` when there are no environment tokens."""
+        return self.completion_mask if self.token_mask is None else self.token_mask
+
+    def attention_mask(self) -> Tensor:
+        """Shape (B, P + T) bool: the prompt's and the completion's tokens, every forward pass's attention mask."""
+        return torch.cat([self.prompt_mask, self.completion_tokens], dim=1)
 
     @property
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
 
     def num_tokens(self) -> int:
-        """Tokens the policy reads per pass (prompt and completion tokens)."""
-        return int(self.prompt_mask.sum() + self.completion_mask.sum())
+        """Tokens the policy reads per pass (prompt and completion tokens, an environment's included)."""
+        return int(self.prompt_mask.sum() + self.completion_tokens.sum())
 
     def with_terminal_column(self, fill_id: int = 0) -> "SequenceBatch":
         """The batch with one more completion column, counted in each row right after its last token.
@@ -138,11 +158,15 @@ class SequenceBatch(Batch):
         Shape: (B, P) prompts and (B, T) right-padded completions -> (B, T + 1) completions.
         """
         b, t = self.completion_ids.shape
-        lengths = self.completion_mask.sum(-1)
+        lengths = self.completion_tokens.sum(-1)  # right-padded: the last token of every kind is at lengths - 1
         filler = torch.full((b, 1), fill_id, dtype=self.completion_ids.dtype, device=self.completion_ids.device)
         ids = torch.cat([self.completion_ids, filler], dim=1)
         mask = torch.arange(t + 1, device=lengths.device)[None, :] <= lengths[:, None]
-        return SequenceBatch(self.prompt_ids, self.prompt_mask, ids, mask)
+        if self.token_mask is None:
+            return SequenceBatch(self.prompt_ids, self.prompt_mask, ids, mask)
+        terminal = torch.zeros_like(mask).scatter(1, lengths[:, None], True)
+        policy = torch.cat([self.completion_mask, torch.zeros_like(mask[:, :1])], dim=1) | terminal
+        return SequenceBatch(self.prompt_ids, self.prompt_mask, ids, policy, token_mask=mask)
 
     @staticmethod
     def cat(batches: list["SequenceBatch"], pad_id: int = 0) -> "SequenceBatch":
@@ -157,6 +181,10 @@ class SequenceBatch(Batch):
             prompt_index=opt("prompt_index"), truncated=opt("truncated"),
             sample_logps=(_pad_cat([b.sample_logps for b in batches], "right", 0.0)
                           if all(b.sample_logps is not None for b in batches) else None),
+            token_mask=(None if all(b.token_mask is None for b in batches) else
+                        _pad_cat([b.completion_tokens for b in batches], "right", False)),
+            episodes=(None if all(b.episodes is None for b in batches) else
+                      [e for b in batches for e in (b.episodes or [None] * len(b))]),
         )
 
 
@@ -197,6 +225,61 @@ class Experience(SequenceBatch):
     def num_tokens(self) -> int:
         """Tokens the policy reads per pass over the rollout (prompt and completion tokens)."""
         return int(self.prompt_mask.sum() + self.completion_mask.sum())
+
+
+@dataclass
+class Reply:
+    """An environment's answer to one policy turn (multi-turn rollouts, :mod:`prefzoo.environments`).
+
+    Attributes:
+        messages: chat messages appended to the conversation (``role`` "tool" for tool results, "user" for feedback);
+            their text is tokenised with the chat template and enters the trajectory as environment tokens.
+        done: the episode ends here (no more policy turns).
+        tool_calls: calls the turn made; tool_errors: those that failed (unknown tool, malformed arguments, a tool
+            that raised, timed out or returned a non-string).
+    """
+
+    messages: list[dict] = field(default_factory=list)
+    done: bool = False
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+
+@dataclass
+class EpisodeLog:
+    """What a multi-turn rollout recorded for one trajectory besides its token ids.
+
+    Attributes:
+        messages: the conversation after the prompt: the policy's turns (assistant messages, parsed: ``content``,
+            ``tool_calls``) and the environment's messages, as TRL hands a conversational completion to a reward.
+        answer: the last policy turn's text (what a positional reward function scores).
+        env_reward: the environment's own reward (``get_reward()``, or the sum of a text environment's step
+            rewards), or None.
+        turns: policy turns; tool_calls / tool_errors: over the episode.
+        cut: the episode was ended by the budget (``env.max_turns``, ``env.max_tokens``, a turn without EOS), not by
+            itself.
+        environment: the user's instance (TRL's reward functions receive them as ``environments=``), or None.
+    """
+
+    messages: list[dict]
+    answer: str
+    env_reward: float | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    cut: bool = False
+    environment: object = None
+
+
+def episode_metrics(episodes: list[EpisodeLog]) -> dict[str, float]:
+    """The means over a batch's multi-turn episodes: ``turns`` (policy turns), ``tool_calls``, ``tool_errors``
+    (failed calls: unknown tool, malformed arguments, a tool that raised, timed out or returned a non-string) per
+    episode, and ``frac_cut`` (share of episodes the budget ended); {} without episodes."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {"turns": sum(e.turns for e in episodes) / n, "tool_calls": sum(e.tool_calls for e in episodes) / n,
+            "tool_errors": sum(e.tool_errors for e in episodes) / n, "frac_cut": sum(e.cut for e in episodes) / n}
 
 
 #: Optional :attr:`PromptBatch.columns` entry: one int seed per prompt. A policy that finds it draws each

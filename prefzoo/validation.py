@@ -197,3 +197,25 @@ def warn_idle(cfg, trains: bool, uses_beta: bool = True) -> None:
     if trains and cfg.trainer.lr == 0 and cfg.trainer.max_steps > 0:
         log.warning("trainer.lr=0: the optimizer leaves every weight as it is, so the %d steps train nothing; "
                     "give a learning rate > 0, e.g. trainer.lr=2e-4.", cfg.trainer.max_steps)
+
+
+def check_environment(cfg, online: bool) -> None:
+    """``env=...`` (multi-turn episodes, :mod:`prefzoo.environments`): the environment builds (its class's shape, its
+    tools' schemas), the budget holds a turn, and the run can play it, before any model loads.
+
+    Raises:
+        ConfigError: :func:`prefzoo.environments.check_env`'s reasons; an algorithm that samples nothing (DPO, KTO,
+            ...: an environment answers rollouts); ``rollout.engine=vllm`` (episodes run on the hf engine; vLLM's
+            engine samples single turns here).
+    """
+    if cfg.env.name == "none":
+        return
+    from prefzoo.environments import check_env
+
+    if not online:
+        raise ConfigError(f"env={cfg.env.name} plays episodes with an online algorithm's rollouts, and "
+                          f"algo={cfg.algo.name} samples nothing; use algo=grpo|rloo|ppo|... or drop env=.")
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(f"env={cfg.env.name} with rollout.engine={cfg.rollout.engine}: multi-turn episodes run on the "
+                          "hf engine (prefzoo's decode loop); use rollout.engine=hf.")
+    check_env(cfg)

@@ -32,7 +32,8 @@ ROOT = Path(prefzoo.__file__).parent
 #: room -> the rooms it may import (besides itself). ``errors``, ``text`` and ``runtime`` (the numerics environment)
 #: are leaves everyone may import.
 BASE = {"errors", "text", "runtime"}
-MIDDLE = {"types", "objective", "config", "validation", "models", "data", "rollout", "rewards", "evaluation"}
+MIDDLE = {"types", "objective", "config", "validation", "models", "data", "rollout", "rewards", "evaluation",
+          "environments"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "text": set(),
@@ -41,6 +42,9 @@ ALLOWED: dict[str, set[str]] = {
     "types": BASE | {"objective"},
     "algos": BASE | {"objective", "types"},
     "config": BASE | {"objective", "types"},
+    # multi-turn environments and tools (issue 28): the shared vocabulary only; the rollout and the loop use them
+    # (the built-in ones read answers as the verifier does; the demonstrations are written from the task's problems)
+    "environments": BASE | {"objective", "types", "rewards", "data"},
     "validation": BASE | MIDDLE,  # config's checks of names and paths (reward functions, adapters, metrics)
     # models, data, rollout, rewards, evaluation: the shared vocabulary and each other, never algos or the loop
     **{room: BASE | MIDDLE for room in ("models", "data", "rollout", "rewards", "evaluation")},

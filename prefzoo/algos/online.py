@@ -57,7 +57,7 @@ from prefzoo.errors import ConfigError
 from prefzoo.objective import (ADVANTAGE_SCALES, group_advantages, kl_loss, kl_penalty_rewards, masked_sum,
                                ratio_statistics, sampler_mismatch, sequence_kl, truncated_is_weights)
 from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
-                           SequenceBatch)
+                           SequenceBatch, episode_metrics)
 
 __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolicyGradient", "group_relative_advantages",
            "check_group_relative_settings", "check_adaptive_start", "PolicyLoss", "Rollout", "drift_metrics",
@@ -270,7 +270,9 @@ def corrected_advantages(advantages: Tensor, is_weights: Tensor | None) -> Tenso
 def sample_metrics(samples: SequenceBatch, rewards: Tensor, generation_seconds: float) -> dict[str, float]:
     """The rollout metrics every online plugin logs: ``reward`` / ``reward_std`` (over completions),
     ``completion_length`` / ``completion_length_max`` (tokens, EOS included), ``frac_truncated`` (no EOS),
-    ``generated_tokens_per_second`` and ``time/generation`` (seconds)."""
+    ``generated_tokens_per_second`` and ``time/generation`` (seconds). Multi-turn episodes: the lengths count the
+    policy's tokens only, ``frac_truncated`` is the share the budget cut, and :func:`~prefzoo.types.episode_metrics`
+    adds ``episode/turns``, ``episode/tool_calls``, ``episode/tool_errors`` and ``episode/frac_cut``."""
     lengths = samples.completion_mask.sum(-1).float()
     return {
         "reward": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
@@ -278,6 +280,7 @@ def sample_metrics(samples: SequenceBatch, rewards: Tensor, generation_seconds: 
         "frac_truncated": samples.truncated.float().mean().item() if samples.truncated is not None else 0.0,
         "generated_tokens_per_second": int(samples.completion_mask.sum()) / max(generation_seconds, 1e-9),
         "time/generation": generation_seconds,
+        **{f"episode/{k}": v for k, v in episode_metrics(samples.episodes or []).items()},
     }
 
 

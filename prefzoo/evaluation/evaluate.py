@@ -39,13 +39,13 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from prefzoo.types import SamplingParams
+from prefzoo.types import SamplingParams, episode_metrics
 from prefzoo.data.preference import collate_preferences
 from prefzoo.errors import RewardError
 from prefzoo.evaluation.diversity import grouped_distinct_n, max_repeat_run
 from prefzoo.objective import masked_mean, sequence_kl
 
-from prefzoo.rewards.protocol import COMPLETION_IDS, completion_id_lists
+from prefzoo.rewards.protocol import COMPLETION_IDS, COMPLETION_MESSAGES, ENVIRONMENTS, completion_id_lists
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,12 @@ class Evaluator:
             samples = self.policy.sample(batch, k, params)
             cols = {c: [v[i] for i in range(len(idx)) for _ in range(k)] for c, v in batch.columns.items()}
             cols[COMPLETION_IDS] = completion_id_lists(samples)  # TRL's completion_ids= (CombinedReward pops it)
-            out.append((self._decode(samples), cols.pop("prompt_text"), cols, samples))
+            texts = self._decode(samples)
+            if samples.episodes is not None:  # multi-turn: the final answers, and the conversations for TRL's rewards
+                texts = [e.answer for e in samples.episodes]
+                cols[COMPLETION_MESSAGES] = [e.messages for e in samples.episodes]
+                cols[ENVIRONMENTS] = [e.environment for e in samples.episodes]
+            out.append((texts, cols.pop("prompt_text"), cols, samples))
         return out
 
     def _score(self, fn, prompt_texts, texts, cols) -> list[float]:
@@ -120,12 +125,16 @@ class Evaluator:
     @torch.no_grad()
     def task_metrics(self) -> dict:
         params = SamplingParams(max_new_tokens=self.cfg.max_new_tokens, greedy=True)
-        rewards, gold, correct, examples = [], [], [], []
+        rewards, gold, correct, examples, episodes = [], [], [], [], []
         n = 0
-        for texts, prompt_texts, cols, _ in self._generate(self.prompts, list(range(len(self.prompts))), 1, params,
-                                                                   "greedy answers"):
+        for texts, prompt_texts, cols, samples in self._generate(self.prompts, list(range(len(self.prompts))), 1,
+                                                                 params, "greedy answers"):
             n += len(texts)
-            rewards += self._try_score("reward", self.reward_fn, prompt_texts, texts, cols) or []
+            scores = self._try_score("reward", self.reward_fn, prompt_texts, texts, cols) or []
+            if scores and samples.episodes is not None:  # an environment's own reward adds, as in training
+                scores = [r + (e.env_reward or 0.0) for r, e in zip(scores, samples.episodes)]
+            episodes += samples.episodes or []
+            rewards += scores
             gold += self._try_score("gold reward", self.gold_reward_fn, prompt_texts, texts, cols) or []
             correct += self._try_score("correctness", self.correctness_fn, prompt_texts, texts, cols) or []
             examples += [{"prompt": p[-200:], "completion": t} for p, t in zip(prompt_texts, texts)][: 3 - len(examples)]
@@ -136,6 +145,8 @@ class Evaluator:
             out["gold_task_reward"], out["gold_task_reward_se"] = _mean_se(gold)
         if correct and len(correct) == n:
             out["task_accuracy"], out["task_accuracy_se"] = _mean_se(correct)
+        if episodes:  # greedy episodes: turns, tool calls, failed calls per episode, share cut by the budget
+            out.update({f"episode_{k}": v for k, v in episode_metrics(episodes).items()})
         out["greedy_examples"] = examples
         return out
 

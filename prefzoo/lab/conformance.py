@@ -564,9 +564,21 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if any(k in c.label.lower() for k in keys)]
     print(f"[conformance] {len(cases)} cases, {args.seeds} seeds, beta={BETA}; plugins: {', '.join(sorted(REGISTRY))}")
     results = run_all(cases, bandit, args.seeds, args.seed)
+    from prefzoo.lab.turns import run_turn_case, turn_bed, turn_cases, turn_section
+
+    turns = turn_cases()
+    if args.only:
+        turns = [c for c in turns if any(k in c.label.lower() for k in keys)]
+    bed = turn_bed()
+    turn_results = []
+    for case in turns:
+        turn_results.append(run_turn_case(case, bed, BETA, args.seeds, args.seed))
+        print(f"[conformance] {case.label}: {turn_results[-1].verdict} ({turn_results[-1].seconds:.0f} s)")
     seconds = time.perf_counter() - started
     command = "python -m prefzoo.lab.conformance" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     doc = report(results, bandit, BETA, args.seeds, command, seconds)
+    if turn_results:
+        doc += "\n" + turn_section(turn_results, bed, BETA)
     print(doc)
     if args.out:
         out = Path(args.out)

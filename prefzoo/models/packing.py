@@ -97,11 +97,13 @@ def _contiguous(mask: Tensor, lengths: Tensor, side: str) -> bool:
 
 def pack_batch(batch: SequenceBatch, share_prompts: bool = True) -> Packed | None:
     """The packed layout of ``batch`` (module docstring), or None when it has none that equals the padded pass:
-    masks that are not a left-aligned prompt / right-aligned completion run, or a row with counted completion
-    tokens but no prompt token (nothing predicts its first token). Rows without counted tokens are left out.
+    masks that are not a left-aligned prompt / right-aligned completion run, a multi-turn batch (``token_mask``), or a
+    row with counted completion tokens but no prompt token (nothing predicts its first token). Rows without counted tokens are left out.
 
     ``share_prompts``: rows with the same prompt tokens share one copy of it (False: every row its own segment).
     """
+    if batch.token_mask is not None:  # a multi-turn trajectory: the environment's tokens interleave (padded pass)
+        return None
     p_len, c_len = batch.prompt_mask.sum(1), batch.completion_mask.sum(1)
     if not (_contiguous(batch.prompt_mask, p_len, "left") and _contiguous(batch.completion_mask, c_len, "right")):
         return None

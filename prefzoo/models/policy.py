@@ -64,7 +64,7 @@ def completion_logits(model: nn.Module, batch: SequenceBatch) -> Tensor:
 
     ``model`` is the causal LM, or any callable taking its keyword arguments (e.g. a data-parallel wrapper)."""
     input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    mask = batch.attention_mask()  # the environment's tokens too (multi-turn): part of the state
     c = batch.completion_ids.shape[1]
     out = model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids_from_mask(mask),
                 use_cache=False, logits_to_keep=c + 1)
@@ -125,7 +125,7 @@ def completion_hidden(body: nn.Module, batch: SequenceBatch, share_prompts: bool
     groups = unique_prompts(batch) if share_prompts and c > 1 and not checkpointing else None
     if groups is None:
         input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-        mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+        mask = batch.attention_mask()
         out = body(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids_from_mask(mask),
                    use_cache=False)
         return out.last_hidden_state[:, p - 1:p + c - 1]
@@ -137,8 +137,9 @@ def completion_hidden(body: nn.Module, batch: SequenceBatch, share_prompts: bool
     if cache is None or cache.get_seq_length() != p:
         raise ModelError(f"{type(body).__name__} returned no KV cache of the prompts; run with share_prompts=False.")
     cache.batch_select_indices(inverse)
-    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
-    positions = batch.prompt_mask.long().sum(1, keepdim=True) + torch.arange(c - 1, device=mask.device)
+    mask = batch.attention_mask().long()
+    # positions of the completion columns: real tokens before them (a padding column repeats its neighbour's, never read)
+    positions = position_ids_from_mask(mask)[:, p:p + c - 1]
     rest = body(input_ids=batch.completion_ids[:, :c - 1], attention_mask=mask[:, :p + c - 1], position_ids=positions,
                 use_cache=True, **{_CACHE: cache})
     return torch.cat([out.last_hidden_state[inverse, -1:], rest.last_hidden_state], dim=1)

@@ -170,7 +170,7 @@ class ValueModel(nn.Module):
             Shape (B, C) float32, reward units, with grad; exactly 0 where ``completion_mask`` is False.
         """
         input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-        mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+        mask = batch.attention_mask()
         p, c = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
         if p == 0:
             raise ModelError("the value model needs at least one prompt token per row (the state before the "

@@ -21,14 +21,18 @@ from typing import Any
 
 from prefzoo.types import PROMPT_MESSAGES
 
-__all__ = ["PROMPT_MESSAGES", "COMPLETION_IDS", "POSITIONAL", "KEYWORD", "call_style", "keyword_arguments",
+__all__ = ["PROMPT_MESSAGES", "COMPLETION_IDS", "COMPLETION_MESSAGES", "ENVIRONMENTS", "POSITIONAL", "KEYWORD", "call_style", "keyword_arguments",
            "completion_id_lists"]
 
 # PROMPT_MESSAGES (prefzoo.types): reserved batch column, the prompts as chat messages when conversational
 #: reserved batch column: each completion's token ids (a list of ints per sample)
 COMPLETION_IDS = "completion_ids"
+#: reserved batch columns of multi-turn episodes: each sample's conversation after the prompt (the policy's turns and
+#: the environment's messages), and the environment instance that played it (TRL's ``environments=``)
+COMPLETION_MESSAGES = "completion_messages"
+ENVIRONMENTS = "environments"
 #: the columns a reward function never receives as data columns
-RESERVED = (PROMPT_MESSAGES, COMPLETION_IDS)
+RESERVED = (PROMPT_MESSAGES, COMPLETION_IDS, COMPLETION_MESSAGES, ENVIRONMENTS)
 
 POSITIONAL = "positional"
 KEYWORD = "keyword"
@@ -114,17 +118,23 @@ def completion_id_lists(samples) -> list[list[int]]:
     return [row[mask].tolist() for row, mask in zip(samples.completion_ids, samples.completion_mask)]
 
 
-def keyword_arguments(fn, prompts, completions, columns: dict, messages, completion_ids) -> dict:
+def keyword_arguments(fn, prompts, completions, columns: dict, messages, completion_ids, conversations=None,
+                      environments=None) -> dict:
     """The keywords TRL passes: prompts and completions (message lists when ``messages`` holds the prompts as chat
-    messages), ``completion_ids`` where the function takes it, and every data column."""
+    messages; a multi-turn sample's whole conversation after the prompt, ``conversations``), ``completion_ids`` and
+    ``environments`` (the episodes' environment instances) where the function takes them, and every data column."""
     if messages is not None:
         prompts = list(messages)
-        completions = [[{"role": "assistant", "content": text}] for text in completions]
+        completions = ([list(c) for c in conversations] if conversations is not None else
+                       [[{"role": "assistant", "content": text}] for text in completions])
     out = {"prompts": list(prompts), "completions": list(completions)}
     try:
-        takes_ids = accepts_keyword(inspect.signature(fn), COMPLETION_IDS)
+        sig = inspect.signature(fn)
+        takes = {name: accepts_keyword(sig, name) for name in (COMPLETION_IDS, ENVIRONMENTS)}
     except (TypeError, ValueError):
-        takes_ids = True
-    if takes_ids:
+        takes = {COMPLETION_IDS: True, ENVIRONMENTS: True}
+    if takes[COMPLETION_IDS]:
         out[COMPLETION_IDS] = completion_ids
+    if environments is not None and takes[ENVIRONMENTS]:
+        out[ENVIRONMENTS] = list(environments)
     return {**out, **columns}

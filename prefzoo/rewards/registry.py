@@ -233,10 +233,12 @@ class CombinedReward:
         return unique
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
-        from prefzoo.rewards.protocol import COMPLETION_IDS, PROMPT_MESSAGES
+        from prefzoo.rewards.protocol import COMPLETION_IDS, COMPLETION_MESSAGES, ENVIRONMENTS, PROMPT_MESSAGES
 
         messages = columns.pop(PROMPT_MESSAGES, None)  # conversational prompts: TRL-style functions get messages
         completion_ids = columns.pop(COMPLETION_IDS, None)
+        conversations = columns.pop(COMPLETION_MESSAGES, None)  # multi-turn episodes: the whole conversation ...
+        environments = columns.pop(ENVIRONMENTS, None)  # ... and the environment that played it (TRL's environments=)
         batch = len(completions)
         if len(prompts) != batch:
             raise DataError(
@@ -252,7 +254,8 @@ class CombinedReward:
         self.num_calls += 1
         components = {}
         for j, (name, fn) in enumerate(zip(self.names, self.functions)):
-            components[name] = self._call_one(j, name, fn, prompts, completions, columns, messages, completion_ids)
+            components[name] = self._call_one(j, name, fn, prompts, completions, columns, messages, completion_ids,
+                                              conversations, environments)
         self.last_components = components
         self.last_missing = {name: sum(s is None for s in scores) for name, scores in components.items()}
         unscored = sum(all(components[name][i] is None for name in self.names) for i in range(batch))
@@ -288,7 +291,7 @@ class CombinedReward:
             self.num_calls, self.last_components, self.last_missing, self.warned_unscored = state
 
     def _call_one(self, j, name, fn, prompts, completions, columns, messages=None,
-                  completion_ids=None) -> list[float | None]:
+                  completion_ids=None, conversations=None, environments=None) -> list[float | None]:
         from prefzoo.rewards.protocol import KEYWORD, call_style, keyword_arguments
 
         batch = len(completions)
@@ -298,7 +301,8 @@ class CombinedReward:
             self._styles[key] = call_style(fn, tuple(columns))
         try:
             if self._styles[key] == KEYWORD:
-                scores = fn(**keyword_arguments(fn, prompts, completions, columns, messages, completion_ids))
+                scores = fn(**keyword_arguments(fn, prompts, completions, columns, messages, completion_ids,
+                                                conversations, environments))
             else:  # prefzoo's positional form (and anything else: its TypeError names what is wrong)
                 scores = fn(list(prompts), list(completions), **columns)
         except Exception as err:

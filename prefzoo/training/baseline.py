@@ -11,7 +11,7 @@ shifted task's metrics -- is kept under ``$PREFZOO_CACHE/evaluations/<key>.json`
 
 The key (:func:`starting_key`) holds everything that can change those numbers: the model settings (``model.*``), the
 task (``data.*`` but the pair-building settings), the reward and gold reward, the evaluation settings, the rollout
-engine's settings, ``trainer.seed`` (it seeds the evaluation's samples), the algorithm's name, whether a reference is
+engine's settings, the environment of multi-turn episodes (``env.*``), ``trainer.seed`` (it seeds the evaluation's samples), the algorithm's name, whether a reference is
 loaded (the KL keys) and pass@k's k, the device, on a CPU its instruction set and the torch thread count (a matmul's
 rounding depends on both; 1 and 2 threads draw different samples of SmolLM2 from one seed), and the torch and
 transformers versions; :data:`VERSION` is raised when the evaluation's computation
@@ -73,6 +73,8 @@ def not_reusable(cfg) -> str | None:
     custom = [f for f in [*cfg.reward.functions, *cfg.eval.gold_reward.functions] if f not in BUILTIN_REWARDS]
     if custom:
         return f"reward function {custom[0]!r} is the user's own (its code is not in the key)"
+    if getattr(cfg, "env", None) is not None and cfg.env.name == "custom":
+        return "the environment (env.target) is the user's own (its code is not in the key)"
     if cfg.model.name not in ("smollm2", "tiny") and not Path(cfg.model.name).is_dir():
         return f"model.name={cfg.model.name!r} is a hub id (its files can change under the same name)"
     return None
@@ -110,6 +112,8 @@ def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[
              "reward": plain(cfg.reward), "eval": evaluation, "rollout": plain(cfg.rollout),
              "model_files": model_files(cfg.model.name), "seed": cfg.trainer.seed, "reference": bool(reference),
              "num_samples": int(num_samples), "environment": env}
+    if getattr(cfg, "env", None) is not None and cfg.env.name != "none":  # multi-turn episodes (keys before them unchanged)
+        parts["env"] = plain(cfg.env)
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return f"{cfg.data.name}-{hashlib.sha256(blob).hexdigest()[:16]}", parts
 

@@ -62,6 +62,8 @@ from prefzoo.errors import CheckpointError
 from prefzoo.evaluation.evaluate import Evaluator
 from prefzoo.evaluation.ood import OOD_RESULTS, build_ood_evaluator
 from prefzoo.models.loading import cache_dir, load_tokenizer
+from prefzoo.environments import episode_factory
+from prefzoo.rollout.multiturn import MultiTurnEngine, MultiTurnSettings
 from prefzoo.training import baseline
 from prefzoo.training.early_stopping import EarlyStopping
 from prefzoo.training.checkpoint import (load_trainer_state, load_weights, rng_state, save_checkpoint, save_weights,
@@ -79,6 +81,7 @@ from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisati
 from prefzoo.training.scoring import TextScorer
 from prefzoo.training.plugin import build_algorithm
 from prefzoo.training.setup import (build_gold_reward, build_policy, build_reward, check_reward_columns, probe_reward,
+                                    probe_environment,
                                     correctness_function, evaluation_reward,
                                     heldout_pair_prompts, offline_data, pick_device, task_prompts)
 
@@ -146,7 +149,9 @@ class Trainer:
         if self.eval_prompts is None and cfg.data.path:  # a preference file: evaluate on its held-out pairs' prompts
             self.eval_prompts = heldout_pair_prompts(cfg, self.tokenizer)
         check_reward_columns(cfg, self.train_prompts)  # before any model loads
-        probe_reward(self.reward_fn, self.train_prompts)  # a reward that raises or returns NaN fails here, in seconds
+        make_episode = episode_factory(cfg.env)  # env=...: rollouts and evaluations become episodes
+        environments = probe_environment(make_episode, self.train_prompts)  # a reset that fails stops here
+        probe_reward(self.reward_fn, self.train_prompts, environments)  # a reward that raises or returns NaN: here
         self.prefs = None
         self.data_stats: dict = {}
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
@@ -156,6 +161,9 @@ class Trainer:
                 self.algo.check_data(self.data_stats.get("rows", {}))  # (unpaired rows: KTO's class balance)
             built = build_policy(cfg, self.declaration, self.tokenizer, self.device)
         self.policy, self.model, self.load_seconds = built.policy, built.model, built.load_seconds
+        if make_episode is not None:
+            self.policy.engine = MultiTurnEngine(self.policy.engine, self.tokenizer, make_episode,
+                                                 MultiTurnSettings(cfg.env.max_turns, cfg.env.max_tokens))
         if self.dp.rank > 0:  # the model is built alike everywhere; from here on (dropout) each process draws its own
             seed_everything(t.seed + 1_000_003 * self.dp.rank)
         self.algo.all_reduce = self.dp.all_reduce_sum if self.dp.enabled else None

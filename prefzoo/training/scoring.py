@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from prefzoo.rewards.protocol import COMPLETION_IDS, completion_id_lists
+from prefzoo.rewards.protocol import COMPLETION_IDS, COMPLETION_MESSAGES, ENVIRONMENTS, completion_id_lists
 from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SequenceBatch
 
 
@@ -40,14 +40,29 @@ class TextScorer:
         self._missing_seen: set[str] = set()  # functions that returned None once: their missing share is logged on
 
     def __call__(self, samples: SequenceBatch, prompts: PromptBatch) -> Tensor:
-        ids = samples.completion_ids.masked_fill(~samples.completion_mask, self.pad_id)
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        """Multi-turn episodes (``samples.episodes``): a positional reward function scores each episode's final
+        answer (its last policy turn), a TRL-style one gets the whole conversation after the prompt as the completion
+        and ``environments=``; an environment's own reward (``get_reward()``, a text environment's summed step
+        rewards) adds with weight 1, as TRL adds it (metric ``reward/env``)."""
+        episodes = samples.episodes
+        if episodes is None:
+            ids = samples.completion_ids.masked_fill(~samples.completion_mask, self.pad_id)
+            texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        else:
+            texts = [e.answer for e in episodes]
         which = samples.prompt_index.tolist()
         cols = {k: [v[i] for i in which] for k, v in prompts.columns.items() if k != ROLLOUT_SEED_COLUMN}
         prompt_texts = cols.pop("prompt_text")
         cols[COMPLETION_IDS] = completion_id_lists(samples)  # TRL's completion_ids= (the reward pops it)
-        rewards = self.reward_fn(prompt_texts, texts, **cols)
+        if episodes is not None:
+            cols[COMPLETION_MESSAGES] = [e.messages for e in episodes]
+            cols[ENVIRONMENTS] = [e.environment for e in episodes]
+        rewards = [float(r) for r in self.reward_fn(prompt_texts, texts, **cols)]
         self.last_metrics = component_metrics(getattr(self.reward_fn, "last_components", {}) or {},
                                               self._missing_seen)
+        if episodes is not None and any(e.env_reward is not None for e in episodes):
+            env = [e.env_reward or 0.0 for e in episodes]
+            rewards = [r + v for r, v in zip(rewards, env)]
+            self.last_metrics["reward/env"] = sum(env) / len(env)
         self.last_texts = texts
-        return torch.tensor([float(r) for r in rewards], dtype=torch.float32, device=samples.completion_ids.device)
+        return torch.tensor(rewards, dtype=torch.float32, device=samples.completion_ids.device)

@@ -372,7 +372,43 @@ def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
 PLACEHOLDER_COMPLETION = "The answer is 4."
 
 
-def probe_reward(reward_fn, prompts: PromptSet | None) -> None:
+def probe_environment(make_episode, prompts: PromptSet | None) -> list | None:
+    """Before the model loads (``env=...``): start one episode on each of the first two training rows, as a rollout
+    does, so that a class that cannot be built or whose ``reset`` fails stops here in one line naming the class and
+    the method; the episodes' environment instances (for :func:`probe_reward`'s ``environments=``), or None.
+
+    Raises:
+        ConfigError: ``__init__`` or ``reset`` (``init`` for skyrl-gym) raised, or ``reset`` returned something else
+            than a string or None.
+    """
+    from prefzoo.errors import ConfigError
+    from prefzoo.types import PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN
+
+    if make_episode is None or prompts is None or not len(prompts):
+        return None
+    batch = prompts.batch(list(range(min(2, len(prompts)))), pad_id=0)
+    out = []
+    for i in range(len(batch)):
+        row = {k: v[i] for k, v in batch.columns.items() if k not in ("prompt_text", ROLLOUT_SEED_COLUMN, PROMPT_MESSAGES)}
+        row["prompt"] = (batch.columns.get(PROMPT_MESSAGES) or [None] * len(batch))[i]
+        try:
+            episode = make_episode()
+        except Exception as err:
+            raise ConfigError(f"the environment could not be built: {type(err).__name__}: {err}") from None
+        skyrl = type(episode).__name__ == "SkyRLEpisode"  # built per episode from the row: its class is episode.cls
+        cls = (episode.cls.__name__ if skyrl else type(episode.instance).__name__ if episode.instance is not None
+               else "the tool list")
+        try:
+            episode.start(row)
+        except Exception as err:
+            method = "__init__ / init" if skyrl else "reset"
+            raise ConfigError(f"{cls}.{method} failed on the first training row ({type(err).__name__}: {err}); "
+                              f"fix the environment (checked before the model loads).") from None
+        out.append(episode.instance)
+    return out
+
+
+def probe_reward(reward_fn, prompts: PromptSet | None, environments: list | None = None) -> None:
     """Before the model loads: call the run's reward functions once on two training prompts (their columns, as a
     rollout passes them) with a placeholder completion, so that a function that raises, or returns NaN, the wrong
     number of scores, strings or a scalar fails here in one line, not after the model has loaded and the evaluation
@@ -392,6 +428,11 @@ def probe_reward(reward_fn, prompts: PromptSet | None) -> None:
     columns = {k: v for k, v in batch.columns.items() if k != ROLLOUT_SEED_COLUMN}
     texts = columns.pop("prompt_text")
     columns[COMPLETION_IDS] = [[0] for _ in rows]
+    if environments is not None:  # env=...: TRL-style functions read the conversation and the environment
+        from prefzoo.rewards.protocol import COMPLETION_MESSAGES, ENVIRONMENTS
+
+        columns[COMPLETION_MESSAGES] = [[{"role": "assistant", "content": PLACEHOLDER_COMPLETION}] for _ in rows]
+        columns[ENVIRONMENTS] = list(environments)
     reward_fn.probe(texts, [PLACEHOLDER_COMPLETION] * len(rows), **columns)
 
 
