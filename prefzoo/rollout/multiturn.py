@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from prefzoo.errors import ConfigError, DataError
+from prefzoo.errors import DataError
 from prefzoo.types import (PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN, EpisodeLog, PromptBatch, SamplingParams,
                            SequenceBatch)
 
@@ -262,15 +262,3 @@ class MultiTurnEngine:
                              sample_logps=sample_logps if self._engine_logps else None,
                              token_mask=present, episodes=[r.log for r in runs])
 
-
-def check_budget(settings: MultiTurnSettings, max_new_tokens: int) -> None:
-    """Refuse a budget that cannot hold one turn.
-
-    Raises:
-        ConfigError: ``env.max_turns`` < 1, or ``env.max_tokens`` below 1.
-    """
-    if settings.max_turns < 1:
-        raise ConfigError(f"env.max_turns={settings.max_turns}: an episode needs at least one policy turn.")
-    if settings.max_tokens < 1:
-        raise ConfigError(f"env.max_tokens={settings.max_tokens} cannot hold one turn; give at least "
-                          f"rollout.max_new_tokens={max_new_tokens} (a whole first turn).")
