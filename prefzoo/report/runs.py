@@ -19,7 +19,8 @@ __all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval
            "is_best_of_n", "analytic_kl"]
 
 HEADLINE = ("task_accuracy", "task_reward", "sample_reward", "gold_task_reward", "gold_sample_reward",
-            "preference_accuracy", "kl_k1", "entropy", "distinct_1", "distinct_2", "ood_task_accuracy", "ood_distinct_2")
+            "preference_accuracy", "kl_k1", "entropy", "distinct_1", "distinct_2", "ood_task_accuracy", "ood_distinct_2",
+            "episode_turns", "episode_tool_calls", "episode_tool_errors", "episode_frac_cut")
 
 #: what each evaluation key measures (table legend, axis labels)
 DESCRIPTION = {
@@ -37,6 +38,12 @@ DESCRIPTION = {
     "ood_task_accuracy": "task_accuracy on the shifted held-out task of eval.ood (out of distribution: no training "
                          "problem)",
     "ood_distinct_2": "distinct_2 of the samples of the shifted task's prompts (eval.ood)",
+    "episode_turns": "multi-turn runs (env=...): policy turns per greedy held-out episode",
+    "episode_tool_calls": "tool calls per greedy held-out episode",
+    "episode_tool_errors": "failed tool calls per episode (unknown tool, malformed arguments, a tool that raised, timed "
+                           "out or returned no text)",
+    "episode_frac_cut": "share of the greedy episodes the budget ended (env.max_turns, env.max_tokens, a turn without "
+                        "end-of-turn)",
 }
 
 
