@@ -24,7 +24,8 @@ CALCULATOR_HINT = ("You have a calculator: call it with an arithmetic expression
 
 
 class RetryEnvironment:
-    """Arithmetic with feedback: the policy answers; a right answer ends the episode, a wrong one is answered with
+    """Arithmetic with feedback (or any task with numeric answers: a reasoning-gym task such as ``chain_sum`` played
+    over several turns, ``data=reasoning_gym data.task=chain_sum env=retry``): the policy answers; a right answer ends the episode, a wrong one is answered with
     :data:`RETRY_FEEDBACK` and the policy tries again, up to ``env.max_turns`` attempts (the rollout's budget).
 
     Reward (``step``'s, summed): ``-turn_cost`` for every attempt after the first (``env.turn_cost``, default 0), so
@@ -34,7 +35,12 @@ class RetryEnvironment:
     turn_cost = 0.0  # set by the builder from env.turn_cost
 
     def reset(self, answer, **row) -> None:
-        self.answer, self.attempts = int(answer), 0
+        try:
+            self.answer = int(float(answer))
+        except (TypeError, ValueError):
+            raise ValueError(f"env=retry checks numeric answers (arithmetic, reasoning-gym's chain_sum, "
+                             f"letter_counting, ...); this task's answer {answer!r} is not a number") from None
+        self.attempts = 0
         return None
 
     def step(self, text: str):

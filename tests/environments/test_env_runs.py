@@ -39,12 +39,15 @@ def test_a_users_environment_trains_two_tiny_steps_from_the_command_line(target,
     assert 1 <= after["episode_turns"] <= 2 and "episode_frac_cut" in after
 
 
-@pytest.mark.parametrize("env", ["retry", "calculator"])
+@pytest.mark.parametrize("env", ["retry", "calculator", "retry_chain_sum"])
 def test_the_built_in_environments_run_in_process(env, tmp_path):
-    """env=retry and env=calculator with GRPO on the tiny model, 1 step: the run's summary holds the episode metrics
-    of its evaluation; calculator's data are 3-digit products."""
-    cfg = compose(["algo=grpo", f"env={env}", *TINY, "trainer.max_steps=1"])
-    assert (cfg.data.digits, cfg.data.ops) == ((3, ["*"]) if env == "calculator" else (2, ["+"]))
+    """env=retry, env=calculator and a reasoning-gym task over several turns (chain_sum with env=retry, scored by its
+    own verifier) with GRPO on the tiny model, 1 step: the run's summary holds the episode metrics of its evaluation;
+    calculator's data are 3-digit products."""
+    extra = ["reward=reasoning_gym", "data.task=chain_sum"] if env == "retry_chain_sum" else []
+    cfg = compose(["algo=grpo", f"env={env.split('_')[0]}", *TINY, "trainer.max_steps=1", *extra])
+    if not extra:
+        assert (cfg.data.digits, cfg.data.ops) == ((3, ["*"]) if env == "calculator" else (2, ["+"]))
     summary = Trainer(cfg, tmp_path / env).run()
     assert summary["eval_after"]["episode_turns"] >= 1
 
