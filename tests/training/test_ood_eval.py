@@ -60,7 +60,7 @@ class ScriptedPolicy:
                     texts.append(self.SAMPLES[j % 2].format(value) if len(a) == 2 else "I do not know")
         width = max(len(t) for t in texts)
         ids = torch.tensor([[ord(c) for c in t] + [0] * (width - len(t)) for t in texts])
-        return type("Samples", (), {"completion_ids": ids, "completion_mask": ids != 0})()
+        return type("Samples", (), {"completion_ids": ids, "completion_mask": ids != 0, "episodes": None})()
 
 
 def prompt_set(problems) -> PromptSet:
