@@ -144,7 +144,8 @@ def preflight(cfg: DictConfig) -> Preflight:
 
     check_batch_size(typed, declaration.min_batch_size, launched_world_size())  # rows per process and step
     check_kl_controller(typed, declaration.has("adaptive_beta"))
-    check_environment(typed, declaration.online)  # env=...: the class's shape and the budget, before any model loads
+    # env=...: the class's shape, the budget and the reward placement, before any model loads
+    check_environment(typed, declaration.online, declaration.has("turn_rewards"))
     check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
     from prefzoo.training.trackers import check_report_to
 

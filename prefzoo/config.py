@@ -249,6 +249,9 @@ class EnvConfig:
     max_tokens: int = 384  # completion tokens per episode, the policy's and the environment's
     tool_timeout: float = 10.0  # seconds a tool call may run before it is answered with an error
     turn_cost: float = 0.0  # env=retry: reward lost per attempt after the first
+    # where a text environment's step rewards land: trajectory (summed into the episode's reward, every plugin) or
+    # turn (each on the last token of the turn it rewards: plugins with per-token returns, ppo and reinforce_pp)
+    reward_placement: str = "trajectory"
 
 
 @dataclass

@@ -140,6 +140,18 @@ class SequenceBatch(Batch):
         """Shape (B, P + T) bool: the prompt's and the completion's tokens, every forward pass's attention mask."""
         return torch.cat([self.prompt_mask, self.completion_tokens], dim=1)
 
+    def turn_rewards(self) -> Tensor | None:
+        """Shape (B, T) float32: the environment's step rewards, each on the last token of the policy turn it rewarded
+        (``env.reward_placement=turn``: :attr:`EpisodeLog.turn_rewards`), 0 elsewhere; None when no row places its
+        rewards per turn (single-turn rows, the default placement). Units: reward units."""
+        if self.episodes is None or all(e is None or e.turn_rewards is None for e in self.episodes):
+            return None
+        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32, device=self.completion_mask.device)
+        for row, episode in enumerate(self.episodes):
+            for position, reward in (episode.turn_rewards or []) if episode is not None else []:
+                out[row, position] += reward
+        return out
+
     @property
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
@@ -237,12 +249,15 @@ class Reply:
         done: the episode ends here (no more policy turns).
         tool_calls: calls the turn made; tool_errors: those that failed (unknown tool, malformed arguments, a tool
             that raised, timed out or returned a non-string).
+        reward: the step's reward (a text environment's ``step()``; reward units), or None when the environment
+            rewards the episode only at its end (TRL's ``get_reward()``).
     """
 
     messages: list[dict] = field(default_factory=list)
     done: bool = False
     tool_calls: int = 0
     tool_errors: int = 0
+    reward: float | None = None
 
 
 @dataclass
@@ -259,6 +274,9 @@ class EpisodeLog:
         cut: the episode was ended by the budget (``env.max_turns``, ``env.max_tokens``, a turn without EOS), not by
             itself.
         environment: the user's instance (TRL's reward functions receive them as ``environments=``), or None.
+        turn_rewards: with ``env.reward_placement=turn``, ``(position, reward)`` of each step reward: the completion
+            position of the last token of the policy turn the environment rewarded, and the step's reward (part of
+            ``env_reward``, which stays the episode's total); None with the default placement (per trajectory).
     """
 
     messages: list[dict]
@@ -269,6 +287,7 @@ class EpisodeLog:
     tool_errors: int = 0
     cut: bool = False
     environment: object = None
+    turn_rewards: list | None = None
 
 
 def episode_metrics(episodes: list[EpisodeLog]) -> dict[str, float]:

@@ -199,14 +199,15 @@ def warn_idle(cfg, trains: bool, uses_beta: bool = True) -> None:
                     "give a learning rate > 0, e.g. trainer.lr=2e-4.", cfg.trainer.max_steps)
 
 
-def check_environment(cfg, online: bool) -> None:
+def check_environment(cfg, online: bool, turn_rewards: bool = False) -> None:
     """``env=...`` (multi-turn episodes, :mod:`prefzoo.environments`): the environment builds (its class's shape, its
     tools' schemas), the budget holds a turn, and the run can play it, before any model loads.
 
     Raises:
         ConfigError: :func:`prefzoo.environments.check_env`'s reasons; an algorithm that samples nothing (DPO, KTO,
             ...: an environment answers rollouts); ``rollout.engine=vllm`` (episodes run on the hf engine; vLLM's
-            engine samples single turns here).
+            engine samples single turns here); ``env.reward_placement=turn`` with a plugin whose advantage is one
+            number per trajectory (``turn_rewards``: the plugin declares the capability of that name).
     """
     if cfg.env.name == "none":
         return
@@ -219,3 +220,7 @@ def check_environment(cfg, online: bool) -> None:
         raise ConfigError(f"env={cfg.env.name} with rollout.engine={cfg.rollout.engine}: multi-turn episodes run on the "
                           "hf engine (prefzoo's decode loop); use rollout.engine=hf.")
     check_env(cfg)
+    if cfg.env.reward_placement == "turn" and not turn_rewards:
+        raise ConfigError(f"env.reward_placement=turn with algo={cfg.algo.name}: its advantage is one number per "
+                          "trajectory, so step rewards can only add up; use algo=ppo or algo=reinforce_pp (per-token "
+                          "returns), or env.reward_placement=trajectory.")

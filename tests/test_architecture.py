@@ -264,5 +264,6 @@ def test_every_builtin_plugin_declares_its_needs(name):
     for capability in algo.declaration.capabilities:  # a declared capability is implemented, not the base's stub
         method = {"implicit_rewards": "implicit_rewards", "precomputed_reference": "reference_logps",
                   "saves_artifacts": "save_artifacts", "step_statistics": "step_statistics",
-                  "adaptive_beta": "after_step"}[capability]  # (after_step updates the KL controller)
+                  "adaptive_beta": "after_step",  # (after_step updates the KL controller)
+                  "turn_rewards": "make_experience"}[capability]  # (its returns take the step rewards per turn)
         assert getattr(type(algo), method) is not getattr(type(algo).__mro__[-2], method)

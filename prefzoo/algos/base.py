@@ -24,7 +24,10 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
                                means in ``statistics`` (KTO's reference point z0)
 ``check_data``                 once, with the offline training data's statistics (class counts), before training
 ``loss_mask``                  the tokens ``loss`` returns values for (per-token losses)
-``make_experience``            online plugins: prompts -> a scored :class:`~prefzoo.types.Experience`
+``make_experience``            online plugins: prompts -> a scored :class:`~prefzoo.types.Experience`. Capability
+                               ``turn_rewards``: per-token returns that take an environment's step rewards on the
+                               turns they reward (:meth:`~prefzoo.types.SequenceBatch.turn_rewards`), so
+                               ``env.reward_placement=turn`` is honoured (refused for other plugins)
 ``after_step``                 once per step, with the step's metrics; returns extra metrics. Capability
                                ``adaptive_beta``: it updates the KL controller (``kl_ctl``) with the step's KL, so
                                ``objective.kl_controller=adaptive`` is honoured (refused for other plugins)
@@ -59,7 +62,8 @@ from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
 from prefzoo.types import (Batch, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
                            Scorer, ValueHeadSpec)
 
-CAPABILITIES = ("adaptive_beta", "implicit_rewards", "precomputed_reference", "saves_artifacts", "step_statistics")
+CAPABILITIES = ("adaptive_beta", "implicit_rewards", "precomputed_reference", "saves_artifacts", "step_statistics",
+                "turn_rewards")
 #: what an offline plugin trains on: preference pairs (:class:`~prefzoo.types.PreferenceBatch`) or unpaired labelled
 #: rows (:class:`~prefzoo.types.UnpairedBatch`)
 OFFLINE_DATA = ("pairs", "unpaired")

@@ -54,8 +54,8 @@ from torch import Tensor
 
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (ADVANTAGE_SCALES, group_advantages, kl_loss, kl_penalty_rewards, masked_sum,
-                               ratio_statistics, sampler_mismatch, sequence_kl, truncated_is_weights)
+from prefzoo.objective import (ADVANTAGE_SCALES, add_sequence_reward, group_advantages, kl_loss, kl_penalty_rewards,
+                               masked_sum, ratio_statistics, sampler_mismatch, sequence_kl, truncated_is_weights)
 from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
                            SequenceBatch, episode_metrics)
 
@@ -63,7 +63,7 @@ __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolic
            "check_group_relative_settings", "check_adaptive_start", "PolicyLoss", "Rollout", "drift_metrics",
            "sample_and_score", "sample_metrics", "update_metrics", "add_kl_loss", "check_online_settings",
            "check_policy_clip", "online_declaration", "stores_old_logps", "zero_spread_warning", "ZERO_SPREAD_STEPS",
-           "engine_correction", "corrected_advantages"]
+           "engine_correction", "corrected_advantages", "place_rewards"]
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
 #: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
@@ -183,11 +183,12 @@ def zero_spread_warning(num_samples: int, temperature: float, steps: int = ZERO_
         "algo.num_samples, or use an easier task or a reward that gives partial credit.")
 
 
-def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_baseline: bool = True) -> Declaration:
+def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_baseline: bool = True,
+                       capabilities: frozenset[str] = frozenset()) -> Declaration:
     """The declaration of a member: a reference only when beta > 0 (or adaptive), rollouts scored by the run's reward,
     the loss reduction of ``algo.cfg.loss_aggregation`` (Dr. GRPO's constant is the sampling budget
     ``max_new_tokens``), the config's epochs, mini-batches and G; with ``group_baseline`` (the group is each sample's
-    baseline) the :func:`zero_spread_warning`."""
+    baseline) the :func:`zero_spread_warning`; ``capabilities`` as :class:`~prefzoo.algos.base.Declaration`'s."""
     cfg, aggregation = algo.cfg, AGGREGATION_OF[algo.cfg.loss_aggregation]
     warnings = (zero_spread_warning(cfg.num_samples, algo.sampling.temperature),) if group_baseline else ()
     return Declaration(
@@ -195,7 +196,7 @@ def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_ba
         aggregation=aggregation,
         aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
         epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
-        progress_keys=progress_keys, warnings=warnings)
+        progress_keys=progress_keys, warnings=warnings, capabilities=capabilities)
 
 
 # ----------------------------------------------------------------------------------------------- the rollout
@@ -228,6 +229,28 @@ class Rollout:
     ref_logps: Tensor | None
     metrics: dict[str, float] = field(default_factory=dict)
     is_weights: Tensor | None = None
+
+
+def place_rewards(penalty: Tensor, scores: Tensor, samples: SequenceBatch) -> Tensor:
+    """Per-token rewards of a rollout: ``penalty`` on every token; each environment step reward on the last token of
+    the turn it rewards (``env.reward_placement=turn``, :meth:`~prefzoo.types.SequenceBatch.turn_rewards`); the rest
+    of each row's score on its last policy token. Without per-turn rewards: :func:`~prefzoo.objective.add_sequence_reward`.
+
+    ``scores`` hold the whole episode's reward (the step rewards included, as the scorer adds them), so the step
+    rewards are moved, not added twice: every row's rewards sum to ``scores + penalty.sum(-1)`` either way, and with
+    gamma = 1 the first token's return is the same. What changes is the credit of later turns: a turn's tokens
+    do not collect the rewards of the turns before it (the reward-to-go of a multi-step MDP, Sutton & Barto 2018,
+    eq. 3.8).
+
+    Shape: penalty (B, T) float, scores (B,), samples with (B, T) completions -> (B, T) in penalty's dtype.
+    Units: reward units.
+    Capability ``turn_rewards`` (:mod:`prefzoo.algos.base`): the plugins whose returns are per token use this.
+    """
+    mask, per_turn = samples.completion_mask, samples.turn_rewards()
+    if per_turn is None:
+        return add_sequence_reward(penalty, scores, mask)
+    per_turn = per_turn.to(penalty.dtype)
+    return add_sequence_reward(penalty + per_turn, scores - per_turn.sum(-1).to(scores.dtype), mask)
 
 
 def engine_correction(samples: SequenceBatch, logps: Tensor, cap: float | None

@@ -42,6 +42,11 @@ Departures and choices:
   437-496 s; held-out accuracy from 0.255): 1 epoch 0.400 +- 0.049, 2 epochs 0.510 +- 0.050, 4 epochs 0.430 +- 0.050
   (one seed; on VADER sentiment the three were within noise). A step at 2 epochs costs 2.4x GRPO's on the same
   rollout, at 4 epochs 4.2x (``bench/bench_online.py``); ``algo.value_adapter=shared`` brings 4 epochs to 2.3x.
+* Multi-turn episodes (``env=...``): the completion is the whole trajectory; steps 4-6 run over the policy's own
+  tokens (the completion mask), the environment's tokens being part of the state. r(x, y) is the episode's reward
+  (the reward functions' and the environment's); with ``env.reward_placement=turn`` each step reward of a text
+  environment is instead placed on the last token of the turn it rewards (:func:`~prefzoo.algos.online.place_rewards`),
+  so GAE credits each turn with the rewards from that turn on.
 * The reference is always available (with LoRA it is free): the KL is measured even when beta = 0.
 * Log-probs are recomputed with the sampling temperature, as the sampler drew them.
 
@@ -68,9 +73,9 @@ from torch import Tensor
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
 from prefzoo.algos.online import (add_kl_loss, check_adaptive_start, corrected_advantages, drift_metrics,
-                                  engine_correction, sample_metrics)
+                                  engine_correction, place_rewards, sample_metrics)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (add_sequence_reward, clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
+from prefzoo.objective import (clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
                                kl_penalty_rewards, masked_mean, masked_sum, masked_whiten, ratio_statistics)
 from prefzoo.types import Experience, LossOutput, ObjectiveSettings, PromptBatch, Scorer, ValueHeadSpec, ValuePolicy
 
@@ -123,7 +128,7 @@ class PPO(Algorithm):
         return Declaration(reference=True, online=True, reward=True, value_head=ValueHeadSpec(self.cfg.value_adapter),
                            aggregation="token_mean", epochs=self.cfg.epochs, num_minibatches=self.cfg.num_minibatches,
                            num_samples=self.cfg.num_samples, progress_keys=("reward", "kl", "beta", "value_loss"),
-                           capabilities=frozenset({"adaptive_beta"}))
+                           capabilities=frozenset({"adaptive_beta", "turn_rewards"}))
 
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.completion_mask
@@ -150,7 +155,7 @@ class PPO(Algorithm):
         if o.kl_placement == "in_reward":
             kl_rewards = kl_penalty_rewards(old_logps, ref_logps, mask, self.beta, o.kl_estimator)
         bonus = torch.where(mask, -c.entropy_coef * old_logps, torch.zeros_like(old_logps))
-        token_rewards = add_sequence_reward(kl_rewards + bonus, rewards, mask)
+        token_rewards = place_rewards(kl_rewards + bonus, rewards, samples)  # step rewards on their turns (env=)
 
         advantages, returns = gae(token_rewards, old_values, mask, c.gae_gamma, c.gae_lambda)
         if c.whiten_advantages:

@@ -25,6 +25,10 @@ E r - beta KL(pi || pi_ref) times 1/std (centring by the batch mean is a baselin
 With ``baseline=group`` the group mean contains r_i itself, which shrinks the REWARD's gradient by (G-1)/G but
 not the penalty's: the fixed point is pi* at beta G/(G-1), the same shift as GRPO's KL loss.
 
+Multi-turn episodes (``env=...``): with ``env.reward_placement=turn`` an environment's step rewards land on the last
+token of the turn each rewards (:func:`~prefzoo.algos.online.place_rewards`), so a turn's reward-to-go holds only the
+rewards from that turn on; the group baseline is the mean of the whole episodes' rewards.
+
 Metrics: the online family's schema (:mod:`prefzoo.algos.online`), and ``return_std`` (std of the returns over
 this process's valid tokens; the advantages are divided by the global one).
 """
@@ -38,9 +42,9 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, check_online_settings,
-                                  check_policy_clip, online_declaration)
+                                  check_policy_clip, online_declaration, place_rewards)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import add_sequence_reward, clipped_surrogate_loss, gae, group_advantages, masked_var, masked_whiten
+from prefzoo.objective import clipped_surrogate_loss, gae, group_advantages, masked_var, masked_whiten
 from prefzoo.types import Experience, ObjectiveSettings
 
 BASELINES = ("none", "group")
@@ -75,7 +79,8 @@ class ReinforcePP(OnlinePolicyGradient):
 
     def declare(self):
         # only the group baseline makes a group of equal rewards a zero advantage (the batch baseline whitens all rows)
-        return online_declaration(self, ("reward", "kl", "clip_fraction"), group_baseline=self.cfg.baseline == "group")
+        return online_declaration(self, ("reward", "kl", "clip_fraction"), group_baseline=self.cfg.baseline == "group",
+                                  capabilities=frozenset({"turn_rewards"}))  # per-token returns: step rewards per turn
 
     def advantages(self, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
         """The whitened reward-to-go A_t = sum_{s >= t} r_s of r_s = penalty_s + [s = last] score, score = r (or r minus
@@ -83,7 +88,8 @@ class ReinforcePP(OnlinePolicyGradient):
         mask = rollout.samples.completion_mask
         scores = (group_advantages(rollout.rewards, self.cfg.num_samples, "none", 0.0) if self.cfg.baseline == "group"
                   else rollout.rewards)
-        returns, _ = gae(add_sequence_reward(penalty, scores, mask), torch.zeros_like(penalty), mask, 1.0, 1.0)
+        # an environment's step rewards land on their turns (env.reward_placement=turn): later turns' reward-to-go
+        returns, _ = gae(place_rewards(penalty, scores, rollout.samples), torch.zeros_like(penalty), mask, 1.0, 1.0)
         advantages = masked_whiten(returns, mask, all_reduce=self.all_reduce)  # global batch statistics under DP
         return advantages, {"return_std": float(masked_var(returns, mask)) ** 0.5}
 

@@ -18,6 +18,7 @@ episode.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any, Callable
 
 from prefzoo.environments.builtin import CalculatorEnvironment, RetryEnvironment
@@ -25,11 +26,16 @@ from prefzoo.environments.contract import SkyRLEpisode, TextEpisode, ToolEpisode
 from prefzoo.environments.tools import tool_schema
 from prefzoo.errors import ConfigError
 
+log = logging.getLogger("prefzoo")
+
 __all__ = ["BUILTIN_ENVIRONMENTS", "ENV_NAMES", "episode_factory", "check_env", "import_target"]
 
 #: ``env=`` name -> the class it plays
 BUILTIN_ENVIRONMENTS = {"retry": RetryEnvironment, "calculator": CalculatorEnvironment}
 ENV_NAMES = ("none", *BUILTIN_ENVIRONMENTS, "custom")
+#: ``env.reward_placement``: where a text environment's step rewards land (``trajectory``: summed into the episode's
+#: reward; ``turn``: each on the last token of the turn it rewards, for plugins with per-token returns)
+REWARD_PLACEMENTS = ("trajectory", "turn")
 
 
 def import_target(spec: str) -> Any:
@@ -98,7 +104,8 @@ def check_env(cfg) -> None:
 
     Raises:
         ConfigError: as :func:`episode_factory`; ``env.max_turns`` < 1; ``env.max_tokens`` < 1; ``env.tool_timeout``
-            <= 0; an offline algorithm (it samples nothing to play with).
+            <= 0; an unknown ``env.reward_placement``; an offline algorithm (it samples nothing to play with). Warns when
+            ``env.reward_placement=turn`` meets an environment without step rewards (TRL's contract, a tool list).
     """
     if cfg.env.name == "none":
         return
@@ -112,4 +119,13 @@ def check_env(cfg) -> None:
         raise ConfigError(f"env.tool_timeout={e.tool_timeout} must be > 0 (seconds a tool may run).")
     if e.turn_cost < 0:
         raise ConfigError(f"env.turn_cost={e.turn_cost} must be >= 0 (the reward lost per extra attempt).")
+    if e.reward_placement not in REWARD_PLACEMENTS:
+        raise ConfigError(f"env.reward_placement={e.reward_placement!r}; choose one of {', '.join(REWARD_PLACEMENTS)}.")
     episode_factory(e)
+    target = BUILTIN_ENVIRONMENTS.get(e.name) or import_target(e.target)
+    where = f"env={e.name}" if e.name != "custom" else f"env.target={e.target}"
+    if e.reward_placement == "turn" and (isinstance(target, (list, tuple))
+                                         or check_environment_class(target, where) == "tools"):
+        log.warning("env.reward_placement=turn: %s gives no step rewards (a TRL class's get_reward() and the reward "
+                    "functions score the whole episode), so every reward lands on the last token as with the default "
+                    "placement.", where)

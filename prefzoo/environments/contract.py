@@ -11,7 +11,8 @@
 3. **A gymnasium-style text environment** (:class:`TextEpisode`): ``reset()`` (or ``reset(**row)``) returns the
    first observation (appended to the last user message, or None), ``step(text)`` returns ``(observation, reward,
    done)`` (a fourth and fifth item, gymnasium's ``truncated`` and ``info``, are accepted). The observation comes
-   back as a user message; rewards add up over the episode. A skyrl-gym environment (``__init__(env_config,
+   back as a user message; rewards add up over the episode (or, with ``env.reward_placement=turn``, each lands on the
+   turn it rewards). A skyrl-gym environment (``__init__(env_config,
    extras)``, ``init(prompt) -> (prompt, metadata)``, ``step(action) -> {"observations", "reward", "done", ...}``) is
    read through :class:`SkyRLEpisode`.
 
@@ -142,12 +143,13 @@ class TextEpisode(Episode):
             raise DataError(f"{name} returned {type(out).__name__}; it must return (observation, reward, done) "
                             "(or gymnasium's (observation, reward, terminated, truncated, info)).")
         observation, reward, done = out[0], out[1], bool(out[2]) or (len(out) == 5 and bool(out[3]))
-        self.total += _checked_reward(reward, name)
+        reward = _checked_reward(reward, name)
+        self.total += reward
         if done:
-            return Reply(messages=[], done=True)
+            return Reply(messages=[], done=True, reward=reward)
         if not isinstance(observation, str):
             raise DataError(f"{name} returned an observation of type {type(observation).__name__}; it must be text.")
-        return Reply(messages=[{"role": "user", "content": observation}])
+        return Reply(messages=[{"role": "user", "content": observation}], reward=reward)
 
     def reward(self) -> float | None:
         return self.total
@@ -180,11 +182,12 @@ class SkyRLEpisode(TextEpisode):
         if not isinstance(out, dict) or "reward" not in out or "done" not in out:
             raise DataError(f"{name} returned {type(out).__name__}; a skyrl-gym step returns {{'observations', "
                             "'reward', 'done', 'metadata'}.")
-        self.total += _checked_reward(out["reward"], name)
+        reward = _checked_reward(out["reward"], name)
+        self.total += reward
         if out["done"]:
-            return Reply(messages=[], done=True)
+            return Reply(messages=[], done=True, reward=reward)
         return Reply(messages=[{"role": m.get("role", "user"), "content": m["content"]}
-                               for m in out.get("observations") or []])
+                               for m in out.get("observations") or []], reward=reward)
 
 
 def _takes_keywords(fn) -> bool:

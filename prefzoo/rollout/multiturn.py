@@ -21,7 +21,8 @@ its own changing. One call runs ``B x G`` episodes side by side, turn by turn:
 
 The result is a :class:`~prefzoo.types.SequenceBatch` whose completion is the whole trajectory after the prompt:
 ``completion_mask`` marks the policy's tokens, ``token_mask`` every token, ``truncated`` the episodes the budget cut,
-``episodes`` the :class:`~prefzoo.types.EpisodeLog` of each row (conversation, environment reward, counts). Rows
+``episodes`` the :class:`~prefzoo.types.EpisodeLog` of each row (conversation, environment reward, counts, and with
+``env.reward_placement=turn`` each step reward's position: :meth:`~prefzoo.types.SequenceBatch.turn_rewards`). Rows
 ``[i*G, (i+1)*G)`` answer prompt i, as single-turn rollouts do. Reproducibility: with a
 :data:`~prefzoo.types.ROLLOUT_SEED_COLUMN` seed, episode ``(i, j)``'s turn t draws from the seed
 ``mix(seed_i, j, t)`` alone, so an episode's samples do not depend on which episodes share its batch.
@@ -48,10 +49,13 @@ _NOT_ROW = ("prompt_text", ROLLOUT_SEED_COLUMN, PROMPT_MESSAGES, "completion_ids
 
 @dataclass
 class MultiTurnSettings:
-    """The episode budget (``env.*``): ``max_turns`` policy turns; ``max_tokens`` completion tokens of both kinds."""
+    """The episode budget (``env.*``): ``max_turns`` policy turns; ``max_tokens`` completion tokens of both kinds;
+    ``reward_placement``: ``trajectory`` (an environment's step rewards add up into the episode's reward) or ``turn``
+    (each also recorded with the position of the turn it rewards, :attr:`~prefzoo.types.EpisodeLog.turn_rewards`)."""
 
     max_turns: int = 4
     max_tokens: int = 384
+    reward_placement: str = "trajectory"
 
 
 def episode_seed(seed: int, sample: int, turn: int) -> int:
@@ -160,7 +164,8 @@ class MultiTurnEngine:
                     msgs[-1] = {**msgs[-1], "content": f"{msgs[-1]['content']}\n\n{first}"}
                 text = render(self.tokenizer, msgs, episode.schemas, True, self.native)
                 ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-                log = EpisodeLog(messages=[], answer="", environment=episode.instance)
+                log = EpisodeLog(messages=[], answer="", environment=episode.instance,
+                                 turn_rewards=[] if self.settings.reward_placement == "turn" else None)
                 out.append(_Running(episode, msgs, ids, [], [], [], log,
                                     None if seeds is None else episode_seed(seeds[i], j, 0)))
         return out
@@ -219,6 +224,8 @@ class MultiTurnEngine:
         reply = r.episode.respond(text, message)
         r.log.tool_calls += reply.tool_calls
         r.log.tool_errors += reply.tool_errors
+        if r.log.turn_rewards is not None and reply.reward is not None:  # on this turn's last token
+            r.log.turn_rewards.append((len(r.ids) - 1, reply.reward))
         if reply.done:
             r.done = True
             return

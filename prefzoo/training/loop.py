@@ -163,7 +163,8 @@ class Trainer:
         self.policy, self.model, self.load_seconds = built.policy, built.model, built.load_seconds
         if make_episode is not None:
             self.policy.engine = MultiTurnEngine(self.policy.engine, self.tokenizer, make_episode,
-                                                 MultiTurnSettings(cfg.env.max_turns, cfg.env.max_tokens))
+                                                 MultiTurnSettings(cfg.env.max_turns, cfg.env.max_tokens,
+                                                                   cfg.env.reward_placement))
         if self.dp.rank > 0:  # the model is built alike everywhere; from here on (dropout) each process draws its own
             seed_everything(t.seed + 1_000_003 * self.dp.rank)
         self.algo.all_reduce = self.dp.all_reduce_sum if self.dp.enabled else None

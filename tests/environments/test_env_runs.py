@@ -4,6 +4,7 @@ built-in environments train 2 tiny steps; a bad environment or setting stops in 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from prefzoo.training.loop import Trainer
+from prefzoo.validation import check_environment
 from tests.algos.hydra_runs import TINY_RUN, compose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +41,26 @@ def test_a_users_environment_trains_two_tiny_steps_from_the_command_line(target,
     assert 1 <= after["episode_turns"] <= 2 and "episode_frac_cut" in after
 
 
+def test_ppo_trains_on_per_turn_rewards_from_the_command_line(tmp_path):
+    """PPO with GuessEnv's step rewards on their turns (env.reward_placement=turn), 2 tiny steps: exit 0, two steps
+    logged with their episodes; with a TRL-style class (no step rewards) the same setting is warned about once."""
+    proc = cli(["algo=ppo", "env=custom", "env.target=tests.environments.envs:GuessEnv", "env.reward_placement=turn",
+                *TINY], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 2 and all("episode/turns" in s for s in steps)
+    cfg = compose(["algo=ppo", "env=calculator", "env.reward_placement=turn", *TINY])
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("prefzoo").addHandler(handler)
+    try:
+        check_environment(cfg, online=True, turn_rewards=True)
+    finally:
+        logging.getLogger("prefzoo").removeHandler(handler)
+    assert [r.getMessage() for r in records if "gives no step rewards" in r.getMessage()] != []
+
+
 @pytest.mark.parametrize("env", ["retry", "calculator", "retry_chain_sum"])
 def test_the_built_in_environments_run_in_process(env, tmp_path):
     """env=retry, env=calculator and a reasoning-gym task over several turns (chain_sum with env=retry, scored by its
@@ -63,6 +85,8 @@ BAD = [
     (["env=retry", "env.max_turns=0"], "env.max_turns=0"),
     (["env=retry", "env.tool_timeout=0"], "env.tool_timeout=0"),
     (["env=retry", "algo=dpo"], "samples nothing"),
+    (["env=retry", "env.reward_placement=step"], "env.reward_placement='step'; choose one of trajectory, turn"),
+    (["env=retry", "env.reward_placement=turn"], "env.reward_placement=turn with algo=grpo: its advantage is one number"),
 ]
 
 
@@ -82,7 +106,6 @@ def test_a_bad_environment_is_one_line_before_the_model_loads(extra, message, tm
 def test_the_vllm_engine_is_refused_with_an_environment():
     """(Where vLLM is not installed, its absence is reported first on the command line; the check itself:)"""
     from prefzoo.errors import ConfigError
-    from prefzoo.validation import check_environment
 
     cfg = compose(["algo=grpo", "env=retry", *TINY])
     cfg.rollout.engine = "vllm"

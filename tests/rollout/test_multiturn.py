@@ -134,6 +134,23 @@ def test_a_text_environment_answers_with_user_messages_and_adds_its_step_rewards
     assert (log.turns, log.cut) == (3, False) and log.env_reward == pytest.approx(0.8)
 
 
+def test_step_rewards_are_recorded_on_the_turn_they_reward():
+    """The same GuessEnv episode with env.reward_placement=turn. Each guess is 2 tokens (the digit, EOS), each feedback
+    the template's user-message suffix (L1 tokens for "higher", L2 for "lower"). Expected: (1, -0.1) after turn 1,
+    (3 + L1, -0.1) after turn 2, (5 + L1 + L2, 1.0) after turn 3 -- each an EOS the policy wrote; the dense tensor sums
+    to the episode's reward 0.8. With the default placement nothing is recorded per turn."""
+    batch, _ = run(["3", "9", "5"], lambda: TextEpisode(GuessEnv()), settings=MultiTurnSettings(4, 400, "turn"))
+    l1, l2 = (len(environment_ids(TOK, [{"role": "user", "content": w}], [], False)) for w in ("higher", "lower"))
+    log = batch.episodes[0]
+    assert [p for p, _ in log.turn_rewards] == [1, 3 + l1, 5 + l1 + l2]
+    assert [r for _, r in log.turn_rewards] == pytest.approx([-0.1, -0.1, 1.0])
+    for position, _ in log.turn_rewards:
+        assert batch.completion_mask[0, position] and batch.completion_ids[0, position] == EOS
+    assert float(batch.turn_rewards().sum()) == pytest.approx(log.env_reward) == pytest.approx(0.8)
+    default, _ = run(["3", "9", "5"], lambda: TextEpisode(GuessEnv()))
+    assert default.episodes[0].turn_rewards is None and default.turn_rewards() is None
+
+
 def test_the_budget_ends_episodes_on_a_policy_turn():
     """max_turns=2 with a policy that always calls: cut after its 2nd turn, no tool reply appended after it; a turn
     without EOS: cut there; max_tokens too small for the next reply: cut before it. Every trajectory's last token is
