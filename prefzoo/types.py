@@ -218,6 +218,8 @@ class Experience(SequenceBatch):
         ref_logps: Shape (B, T) float32, log pi_ref, or None without a reference.
         old_values: Shape (B, T) float32, V_old of the state before each token (PPO), or None.
         returns: Shape (B, T) float32, value targets (PPO), or None.
+        sample_weights: Shape (B, T) float32, the sampler correction's importance weights when they also weight the
+            KL-as-loss term (``rollout.correction.weight_kl``; the advantages carry them already), or None.
     """
 
     rewards: Tensor | None = None
@@ -227,6 +229,7 @@ class Experience(SequenceBatch):
     ref_logps: Tensor | None = None
     old_values: Tensor | None = None
     returns: Tensor | None = None
+    sample_weights: Tensor | None = None
 
     @classmethod
     def from_samples(cls, samples: SequenceBatch, **fields) -> "Experience":
@@ -334,11 +337,36 @@ class SamplingParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
     max_new_tokens: int = 64
     greedy: bool = False
-    #: truncated importance-sampling correction of a rollout engine's samples (``rollout.is_correction_cap``): the
-    #: cap C of min(pi_trainer_old / pi_engine, C); None: no correction (the mismatch is still logged)
-    is_correction_cap: float | None = None
+    #: how a rollout whose sampler is not the trainer is corrected (``rollout.correction.*``)
+    correction: "CorrectionSettings" = field(default_factory=lambda: CorrectionSettings())
+
+
+@dataclass
+class CorrectionSettings:
+    """The off-policy correction of a rollout drawn by a sampler other than the trainer (``rollout.correction.*``;
+    :func:`prefzoo.objective.correction_weights`).
+
+    Attributes:
+        mode: None (the mismatch is logged, not corrected) or one of ``token_truncate``, ``token_mask``,
+            ``sequence_truncate``, ``sequence_mask`` (TRL's names).
+        clip_min, clip_max: the band [C_min, C_max] of the weights pi_trainer / pi_sampler (None: unbounded).
+        bypass: the sampler's log-probs ARE log pi_old: no recomputation pass, the surrogate's ratio is
+            pi_theta / pi_sampler (two policies instead of three); no separate weight.
+        match_support: the trainer's log-probs in the weight are renormalised over the top-k / top-p support the
+            sampler kept (:func:`prefzoo.objective.support_log_mass`), so a matched sampler gives a weight of 1.
+        weight_kl: the weights also multiply the KL-as-loss term (its gradient is then that of the trainer's
+            policy, not the sampler's: needed for the fixed point, docs/off-policy.md); false: TRL's convention.
+    """
+
+    mode: str | None = None
+    clip_min: float | None = None
+    clip_max: float | None = 3.0
+    bypass: bool = False
+    match_support: bool = True
+    weight_kl: bool = True
 
 
 @dataclass

@@ -199,6 +199,24 @@ def warn_idle(cfg, trains: bool, uses_beta: bool = True) -> None:
                     "give a learning rate > 0, e.g. trainer.lr=2e-4.", cfg.trainer.max_steps)
 
 
+def check_correction_support(cfg, supported: bool) -> None:
+    """``rollout.correction.mode`` / ``bypass`` with a plugin that cannot apply them (its loss has no advantages to
+    weight, or it samples nothing: Online DPO, best-of-n, the offline plugins) is refused before any model loads,
+    rather than a run that looks corrected and is not. ``supported``: the plugin declares the capability
+    ``sampler_correction``.
+
+    Raises:
+        ConfigError: naming the key, the algorithm and what to do.
+    """
+    c = cfg.rollout.correction
+    what = "rollout.correction.bypass=true" if c.bypass else (
+        f"rollout.correction.mode={c.mode}" if c.mode is not None else None)
+    if what and not supported:
+        raise ConfigError(f"{what}: algo={cfg.algo.name} does not weight its loss by the sampler correction (only the "
+                          "policy-gradient family does: grpo, rloo, reinforce_pp, gspo, cispo, ppo); drop the setting "
+                          "(the mismatch is still logged with rollout.log_mismatch=true or rollout.engine=vllm).")
+
+
 def check_environment(cfg, online: bool, turn_rewards: bool = False) -> None:
     """``env=...`` (multi-turn episodes, :mod:`prefzoo.environments`): the environment builds (its class's shape, its
     tools' schemas), the budget holds a turn, and the run can play it, before any model loads.

@@ -160,6 +160,7 @@ def test_algo_compare_covers_every_policy_algorithm_of_the_zoo():
     ("algo.value_clip_range=0.1", "algo.value_clip_eps"), ("algo.lam=0.9", "algo.gae_lambda"),
     ("algo.gamma=0.99", "algo.gae_gamma"), ("data.pairs.samples_per_prompt=4", "data.pairs.num_samples"),
     ("+algo.num_generations=8", "algo.num_samples"),
+    ("rollout.is_correction_cap=2", "rollout.correction.mode=token_truncate rollout.correction.clip_max=C"),
 ])
 def test_renamed_keys_fail_naming_the_new_key(old, new):
     """Users' scripts with an old key get one line naming the new one (not Hydra's 'Key not in struct')."""

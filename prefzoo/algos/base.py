@@ -27,7 +27,10 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
 ``make_experience``            online plugins: prompts -> a scored :class:`~prefzoo.types.Experience`. Capability
                                ``turn_rewards``: per-token returns that take an environment's step rewards on the
                                turns they reward (:meth:`~prefzoo.types.SequenceBatch.turn_rewards`), so
-                               ``env.reward_placement=turn`` is honoured (refused for other plugins)
+                               ``env.reward_placement=turn`` is honoured (refused for other plugins). Capability
+                               ``sampler_correction``: the rollout's importance weights
+                               (:func:`prefzoo.algos.online.engine_correction`) weight its loss, so
+                               ``rollout.correction.*`` is honoured (refused for other plugins)
 ``after_step``                 once per step, with the step's metrics; returns extra metrics. Capability
                                ``adaptive_beta``: it updates the KL controller (``kl_ctl``) with the step's KL, so
                                ``objective.kl_controller=adaptive`` is honoured (refused for other plugins)
@@ -62,8 +65,8 @@ from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
 from prefzoo.types import (Batch, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
                            Scorer, ValueHeadSpec)
 
-CAPABILITIES = ("adaptive_beta", "implicit_rewards", "precomputed_reference", "saves_artifacts", "step_statistics",
-                "turn_rewards")
+CAPABILITIES = ("adaptive_beta", "implicit_rewards", "precomputed_reference", "sampler_correction", "saves_artifacts",
+                "step_statistics", "turn_rewards")
 #: what an offline plugin trains on: preference pairs (:class:`~prefzoo.types.PreferenceBatch`) or unpaired labelled
 #: rows (:class:`~prefzoo.types.UnpairedBatch`)
 OFFLINE_DATA = ("pairs", "unpaired")

@@ -54,8 +54,9 @@ from torch import Tensor
 
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (ADVANTAGE_SCALES, add_sequence_reward, group_advantages, kl_loss, kl_penalty_rewards,
-                               masked_sum, ratio_statistics, sampler_mismatch, sequence_kl, truncated_is_weights)
+from prefzoo.objective import (ADVANTAGE_SCALES, add_sequence_reward, correction_metrics, correction_weights,
+                               group_advantages, kl_loss, kl_penalty_rewards, masked_sum, ratio_statistics,
+                               sampler_mismatch, sequence_kl)
 from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
                            SequenceBatch, episode_metrics)
 
@@ -188,7 +189,8 @@ def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_ba
     """The declaration of a member: a reference only when beta > 0 (or adaptive), rollouts scored by the run's reward,
     the loss reduction of ``algo.cfg.loss_aggregation`` (Dr. GRPO's constant is the sampling budget
     ``max_new_tokens``), the config's epochs, mini-batches and G; with ``group_baseline`` (the group is each sample's
-    baseline) the :func:`zero_spread_warning`; ``capabilities`` as :class:`~prefzoo.algos.base.Declaration`'s."""
+    baseline) the :func:`zero_spread_warning`; ``capabilities`` as :class:`~prefzoo.algos.base.Declaration`'s, plus
+    ``sampler_correction`` (every member weights its loss by :func:`engine_correction`'s weights)."""
     cfg, aggregation = algo.cfg, AGGREGATION_OF[algo.cfg.loss_aggregation]
     warnings = (zero_spread_warning(cfg.num_samples, algo.sampling.temperature),) if group_baseline else ()
     return Declaration(
@@ -196,7 +198,7 @@ def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_ba
         aggregation=aggregation,
         aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
         epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
-        progress_keys=progress_keys, warnings=warnings, capabilities=capabilities)
+        progress_keys=progress_keys, warnings=warnings, capabilities=capabilities | {"sampler_correction"})
 
 
 # ----------------------------------------------------------------------------------------------- the rollout
@@ -217,10 +219,10 @@ class Rollout:
         logps: Shape (B, T), log pi at sampling time (no grad) when asked for, else None.
         ref_logps: Shape (B, T), log pi_ref when the run has a reference, else None.
         metrics: :func:`sample_metrics`, drift (``kl``, ``kl_k1``, ``kl_k3``: KL(pi || pi_ref) per sequence, nats,
-            when both log-probs exist), timings; with a rollout engine that reports its log-probs, the mismatch
+            when both log-probs exist), timings; with a sampler that reports its log-probs, the mismatch
             (:func:`engine_correction`).
-        is_weights: Shape (B, T), the truncated importance-sampling weights of the engine's samples
-            (``sampling.is_correction_cap`` set and the engine reported log-probs), else None.
+        is_weights: Shape (B, T), the importance weights of the sampler's samples (``rollout.correction.mode`` set
+            and the sampler reported log-probs), else None.
     """
 
     samples: SequenceBatch
@@ -253,40 +255,58 @@ def place_rewards(penalty: Tensor, scores: Tensor, samples: SequenceBatch) -> Te
     return add_sequence_reward(penalty + per_turn, scores - per_turn.sum(-1).to(scores.dtype), mask)
 
 
-def engine_correction(samples: SequenceBatch, logps: Tensor, cap: float | None
+def engine_correction(policy: Policy, samples: SequenceBatch, logps: Tensor | None, sampling: SamplingParams
                       ) -> tuple[Tensor | None, dict[str, float]]:
-    """The engine/trainer mismatch of a rollout and, with ``cap``, its truncated importance-sampling weights.
+    """The sampler/trainer mismatch of a rollout and, with ``sampling.correction.mode``, its importance weights.
 
-    ``samples.sample_logps`` are the log-probs the rollout engine sampled with (None for the hf engine, which is the
-    trainer's own model: then nothing to report); ``logps`` the trainer's recomputation at sampling time (no grad,
-    the sampling temperature), Shape (B, T). Metrics, in nats per token over the counted tokens:
-    ``engine/logp_diff_mean`` and ``engine/logp_diff_max`` (mean and max |log pi_trainer - log pi_engine|),
-    ``engine/logp_diff_signed``; with ``cap``, ``engine/is_weight_mean``, ``engine/is_weight_min`` and
-    ``engine/is_weight_capped`` (the share of tokens whose weight is the cap).
+    ``samples.sample_logps`` are the log-probs the sampler drew with (a vLLM engine's, the hf engine's merged copy's;
+    None when the trainer sampled itself: then nothing to report); ``logps`` the trainer's recomputation at sampling
+    time (no grad, the sampling temperature), Shape (B, T). With top-k / top-p sampling and
+    ``correction.match_support`` the trainer's log-probs are first renormalised over the sampler's support
+    (the policy's ``support_log_mass``, :meth:`prefzoo.models.policy.CausalLMPolicy.support_log_mass`: one more no-grad
+    pass; not part of the :class:`~prefzoo.types.Policy` protocol, needed only here), so that a matched sampler gives
+    w = 1 exactly.
+
+    Metrics: ``engine/logp_diff_mean``, ``engine/logp_diff_max``, ``engine/logp_diff_signed`` (nats per token, the
+    plain recomputation against the sampler's); ``correction/mismatch_k1``, ``correction/mismatch_k3``,
+    ``correction/ratio_mean`` (of the log-probs the weight uses); with a mode, ``correction/weight_mean``,
+    ``_min``, ``_max``, ``correction/frac_rejected`` (tokens, or sequences, truncated or masked) and
+    ``correction/ess`` (:func:`prefzoo.objective.correction_metrics`). With ``correction.bypass`` there is no
+    recomputation: nothing is measured (the ratio of the update is pi_theta / pi_sampler).
 
     Returns:
-        (weights Shape (B, T) or None without ``cap``, metrics); (None, {}) when the engine reported no log-probs.
+        (weights Shape (B, T) or None without a mode, metrics); (None, {}) when the sampler reported no log-probs or
+        under bypass.
     """
-    if samples.sample_logps is None:
+    c = sampling.correction
+    if samples.sample_logps is None and c.mode is not None:
+        raise ConfigError(f"rollout.correction.mode={c.mode} needs a sampler that reports its log-probs, and this "
+                          "rollout came back without them (the hf engine reports them from its merged copy only: "
+                          "LoRA, model.fast.merged_rollout=true, rollout.log_mismatch=true); or set the mode to null.")
+    if samples.sample_logps is None or c.bypass or logps is None:
         return None, {}
     mask = samples.completion_mask
     metrics = {f"engine/{k}": v for k, v in sampler_mismatch(logps, samples.sample_logps, mask).items()}
-    if cap is None:
-        return None, metrics
-    weights = truncated_is_weights(logps, samples.sample_logps, mask, cap)
-    n = max(int(mask.sum()), 1)
-    metrics.update({"engine/is_weight_mean": float(weights[mask].sum() / n),
-                    "engine/is_weight_min": float(weights[mask].min()) if mask.any() else 1.0,
-                    "engine/is_weight_capped": float((weights[mask] >= cap).sum() / n)})
+    trainer = logps
+    if c.match_support and (sampling.top_p < 1.0 or sampling.top_k) and not sampling.greedy:
+        trainer = logps - policy.support_log_mass(samples, sampling.temperature, sampling.top_p, sampling.top_k)
+    weights = rejected = None
+    if c.mode is not None:
+        weights, rejected = correction_weights(trainer, samples.sample_logps, mask, c.mode, c.clip_min, c.clip_max)
+    stats = correction_metrics(trainer, samples.sample_logps, mask, weights, rejected,
+                               sequence_level=bool(c.mode and c.mode.startswith("sequence")))
+    metrics.update({f"correction/{k}": v for k, v in stats.items()})
     return weights, metrics
 
 
 def corrected_advantages(advantages: Tensor, is_weights: Tensor | None) -> Tensor:
-    """Per-token advantages times the truncated importance-sampling weights (unchanged when None).
+    """Per-token advantages times the sampler correction's importance weights (unchanged when None).
 
-    For a loss linear in the advantage with a positive factor (the clipped surrogate, REINFORCE, CISPO) this is the
-    truncated IS correction of the loss itself (:func:`prefzoo.objective.truncated_is_weights`); the KL term is not
-    weighted (as in TRL). Shape (B, T) -> (B, T)."""
+    For a loss linear in the advantage with a factor w >= 0 (the clipped surrogate: -min(rho w A, clip(rho) w A) =
+    -w min(rho A, clip(rho) A); REINFORCE; CISPO) this is the weighted loss itself, TRL's ``per_token_loss *
+    importance_sampling_ratio`` (:func:`prefzoo.objective.correction_weights`). The KL-as-loss term gets the same
+    weights in :func:`add_kl_loss` (``rollout.correction.weight_kl``; TRL leaves it unweighted). Shape (B, T) ->
+    (B, T)."""
     return advantages if is_weights is None else advantages * is_weights.to(advantages.dtype)
 
 
@@ -312,20 +332,28 @@ def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_sa
     """Sample ``num_samples`` completions per prompt with ``sampling``, score them, and (without gradients) compute
     log pi at sampling time if ``need_logps`` and log pi_ref if the policy has a reference.
 
-    When the rollout engine reports its own log-probs (``samples.sample_logps``: ``rollout.engine=vllm``), log pi at
-    sampling time is computed whatever ``need_logps`` (one no-grad pass) for the mismatch metrics and, with
-    ``sampling.is_correction_cap``, the rollout's ``is_weights`` (:func:`engine_correction`)."""
+    When the sampler reports its own log-probs (``samples.sample_logps``: ``rollout.engine=vllm``, the hf engine's
+    merged copy), log pi at sampling time is computed whatever ``need_logps`` (one no-grad pass) for the mismatch
+    metrics and, with ``rollout.correction.mode``, the rollout's ``is_weights`` (:func:`engine_correction`). Under
+    ``rollout.correction.bypass`` the sampler's log-probs stand for log pi at sampling time: no pass at all."""
     t0 = time.perf_counter()
     samples = policy.sample(prompts, num_samples, sampling)
     t1 = time.perf_counter()
     rewards = score(samples, prompts).float()
     mask = samples.completion_mask
-    need_logps = need_logps or samples.sample_logps is not None
-    logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
+    bypass = sampling.correction.bypass
+    if bypass and samples.sample_logps is None:
+        raise ConfigError("rollout.correction.bypass=true needs a sampler that reports its log-probs, and this "
+                          "rollout came back without them; use rollout.engine=vllm or rollout.log_mismatch=true.")
+    need_logps = need_logps or (samples.sample_logps is not None and not bypass)
+    if bypass:
+        logps = samples.sample_logps.float().masked_fill(~mask, 0.0)
+    else:
+        logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
     ref_logps = policy.ref_logps(samples, sampling.temperature) if policy.reference is not None else None
     t2 = time.perf_counter()
     metrics = drift_metrics(logps, ref_logps, mask) if logps is not None and ref_logps is not None else {}
-    is_weights, engine_metrics = engine_correction(samples, logps, sampling.is_correction_cap)
+    is_weights, engine_metrics = engine_correction(policy, samples, logps, sampling)
     metrics.update(engine_metrics)
     grouped = rewards.view(-1, num_samples)
     metrics.update(sample_metrics(samples, rewards, t1 - t0))
@@ -364,13 +392,22 @@ def update_metrics(logps: Tensor, old_logps: Tensor, mask: Tensor, clipped: Tens
 
 
 def add_kl_loss(per_token: Tensor, logps: Tensor, ref_logps: Tensor | None, mask: Tensor, beta: float,
-                objective: ObjectiveSettings, tokens: dict[str, tuple[float, float]]) -> Tensor:
-    """``per_token + beta * k(log pi/pi_ref)`` when the objective puts the KL in the loss (beta > 0), logging
-    ``kl_loss`` (the term's token mean); ``per_token`` unchanged otherwise."""
+                objective: ObjectiveSettings, tokens: dict[str, tuple[float, float]],
+                weights: Tensor | None = None) -> Tensor:
+    """``per_token + beta * w * k(log pi/pi_ref)`` when the objective puts the KL in the loss (beta > 0), logging
+    ``kl_loss`` (the term's token mean, unweighted); ``per_token`` unchanged otherwise.
+
+    ``weights`` (Shape (B, T), detached): the sampler correction's importance weights w = pi_trainer / pi_sampler
+    (``rollout.correction.weight_kl``). The KL term's gradient on a sample y is beta grad k(y), whose expectation under
+    the SAMPLER is not the trainer's KL gradient; weighted by w it is (E_sampler[w grad k] = E_trainer[grad k]).
+    Without the weight a persistent sampler/trainer mismatch moves the fixed point even with the policy-gradient
+    term corrected (the off-policy rows of the conformance table). TRL 1.16 leaves the KL term unweighted."""
     if not (beta > 0 and objective.kl_placement == "as_loss"):
         return per_token
     kl_tokens = kl_loss(logps, ref_logps, mask, objective.kl_estimator)
     tokens["kl_loss"] = (float(masked_sum(kl_tokens.detach(), mask)), float(mask.sum()))
+    if weights is not None:
+        kl_tokens = kl_tokens * weights.detach().to(kl_tokens.dtype)
     return per_token + beta * kl_tokens
 
 
@@ -436,11 +473,13 @@ class OnlinePolicyGradient(Algorithm):
         advantages, extra = self.advantages(r, penalty)
         if advantages.dim() == 1:  # a sequence advantage on every token of its row
             advantages = torch.where(mask, advantages[:, None].float(), torch.zeros((), device=mask.device))
-        advantages = corrected_advantages(advantages.float(), r.is_weights)  # rollout.is_correction_cap
+        advantages = corrected_advantages(advantages.float(), r.is_weights)  # rollout.correction.mode
         loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
         metrics = dict(r.metrics, non_score_reward=penalty.sum(-1).mean().item(), **extra)
         return Experience.from_samples(r.samples, rewards=r.rewards, advantages=advantages, loss_mask=loss_mask,
-                                       old_logps=r.logps if self.stores_old_logps() else None,
+                                       old_logps=r.logps if self.stores_old_logps() or self.sampling.correction.bypass
+                                       else None,
+                                       sample_weights=r.is_weights if self.sampling.correction.weight_kl else None,
                                        ref_logps=r.ref_logps), metrics
 
     def loss(self, policy: Policy, batch: Experience) -> LossOutput:
@@ -452,5 +491,6 @@ class OnlinePolicyGradient(Algorithm):
                                          batch.old_logps is None, batch.completion_mask)
         metrics.update(out.metrics)
         tokens.update(out.tokens)
-        per_token = add_kl_loss(out.per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens)
+        per_token = add_kl_loss(out.per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
+                                batch.sample_weights)
         return LossOutput(per_token, mask, metrics, tokens)

@@ -128,7 +128,7 @@ class PPO(Algorithm):
         return Declaration(reference=True, online=True, reward=True, value_head=ValueHeadSpec(self.cfg.value_adapter),
                            aggregation="token_mean", epochs=self.cfg.epochs, num_minibatches=self.cfg.num_minibatches,
                            num_samples=self.cfg.num_samples, progress_keys=("reward", "kl", "beta", "value_loss"),
-                           capabilities=frozenset({"adaptive_beta", "turn_rewards"}))
+                           capabilities=frozenset({"adaptive_beta", "turn_rewards", "sampler_correction"}))
 
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.completion_mask
@@ -144,6 +144,11 @@ class PPO(Algorithm):
         mask = samples.completion_mask
         old_logps, entropy, old_values = policy.logps_and_values(samples, temperature, with_entropy=True)
         old_values = old_values.float()
+        if self.sampling.correction.bypass:  # the sampler's log-probs are log pi_old (rollout.correction.bypass)
+            if samples.sample_logps is None:
+                raise ConfigError("rollout.correction.bypass=true needs a sampler that reports its log-probs; use "
+                                  "rollout.engine=vllm or rollout.log_mismatch=true.")
+            old_logps = samples.sample_logps.float().masked_fill(~mask, 0.0)
         ref_logps = policy.ref_logps(samples, temperature)
         t3 = time.perf_counter()
 
@@ -160,8 +165,8 @@ class PPO(Algorithm):
         advantages, returns = gae(token_rewards, old_values, mask, c.gae_gamma, c.gae_lambda)
         if c.whiten_advantages:
             advantages = masked_whiten(advantages, mask, all_reduce=self.all_reduce)  # global stats under DP
-        # a rollout engine's own log-probs (rollout.engine=vllm): mismatch metrics, truncated IS weights
-        is_weights, engine_metrics = engine_correction(samples, old_logps, self.sampling.is_correction_cap)
+        # a sampler's own log-probs (rollout.engine=vllm, rollout.log_mismatch): mismatch metrics, importance weights
+        is_weights, engine_metrics = engine_correction(policy, samples, old_logps, self.sampling)
         advantages = corrected_advantages(advantages, is_weights)
 
         metrics = dict(sample_metrics(samples, scores, t1 - t0), **drift_metrics(old_logps, ref_logps, mask))
@@ -177,6 +182,7 @@ class PPO(Algorithm):
             metrics["entropy_bonus"] = bonus.sum(-1).mean().item()
         metrics.update(engine_metrics)
         return Experience.from_samples(samples, rewards=scores, advantages=advantages, loss_mask=mask,
+                                       sample_weights=is_weights if self.sampling.correction.weight_kl else None,
                                        old_logps=old_logps, ref_logps=ref_logps, old_values=old_values,
                                        returns=returns), metrics
 
@@ -193,7 +199,8 @@ class PPO(Algorithm):
         tokens.update({"policy_loss": (float(masked_sum(policy_loss.detach(), mask)), n),
                        "value_loss": (float(masked_sum(value_loss.detach(), mask)), n),
                        "value_clip_fraction": (float((value_clipped & mask).sum()), n)})
-        per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens)
+        per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
+                                batch.sample_weights)
         return LossOutput(per_token, mask, {}, tokens)
 
     def after_step(self, metrics: dict[str, float], num_samples: int) -> dict[str, float]:

@@ -52,7 +52,7 @@ from prefzoo.errors import ModelError
 from prefzoo.models.reference import Reference
 from prefzoo.models.merged import merged_copy
 from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
-from prefzoo.objective import linear_token_logps, token_entropy, token_logps
+from prefzoo.objective import linear_token_logps, support_log_mass, token_entropy, token_logps
 from prefzoo.rollout.engine import HFEngine, RolloutEngine
 from prefzoo.rollout.generate import _CACHE, position_ids_from_mask
 
@@ -304,6 +304,21 @@ class CausalLMPolicy:
                 h = token_entropy(logits.detach()[None], temperature, self.logits_chunk_size)[0]
             entropy = full.masked_scatter(mask, h)
         return full.masked_scatter(mask, logps), entropy
+
+    @torch.no_grad()
+    def support_log_mass(self, batch: SequenceBatch, temperature: float, top_p: float, top_k: int) -> Tensor:
+        """log of the mass the top-k / top-p sampler's support (the chosen token included) has under pi_theta at each
+        completion position (:func:`prefzoo.objective.support_log_mass`), Shape (B, T) float32 (<= 0; 0 where
+        masked), no grad: ``logps - support_log_mass`` is pi_theta renormalised over that support. Four rows at a
+        time through the plain path (the full logits are needed); one extra no-grad pass of the policy."""
+        pieces = []
+        with eval_mode(self.model):
+            for part in batch.chunks(4):
+                with self.autocast():
+                    logits = completion_logits(self.model, part)
+                mass = support_log_mass(logits, part.completion_ids, temperature, top_p, top_k, self.logits_chunk_size)
+                pieces.append(mass.masked_fill(~part.completion_mask, 0.0))
+        return torch.cat(pieces) if pieces else torch.zeros(batch.completion_mask.shape)
 
     @torch.no_grad()
     def ref_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:

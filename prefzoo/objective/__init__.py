@@ -22,7 +22,8 @@ Map (one idea per module):
                     reward on the last token
     surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance
     importance.py   GSPO's sequence ratio (and GSPO-token's) and the sequence-level clip, CISPO's clipped IS weight,
-                    -sg(w) A log pi, a rollout engine's log-prob mismatch and its truncated IS weights
+                    -sg(w) A log pi, a sampler's log-prob mismatch and the weights that correct it (truncated or
+                    masked, per token or per sequence: TIS, MIS, IcePop)
     pairwise.py     pairwise links on a pair's scores: Bradley-Terry sigmoid (cDPO smoothing), IPO, hinge,
                     rDPO, EXO, NCA, SPPO, APO, BCO, DiscoPOP, AOT, the chosen NLL
     odds.py         the log odds of a completion and ORPO's log odds ratio, stable near P = 1
@@ -71,6 +72,8 @@ from .logprobs import (
     masked_whiten,
     mean_logps,
     sequence_logps,
+    support_log_mass,
+    support_mask,
     token_entropy,
     token_logps,
 )
@@ -81,14 +84,17 @@ from .odds import log_odds, log_odds_ratio
 from .prospect import kto_loss
 from .pairwise import PAIRWISE_LOSSES, PairScores, bradley_terry_loss, pairwise_loss
 from .surrogate import clipped_surrogate_loss, clipped_value_loss, explained_variance, ratio_statistics
-from .importance import (clipped_is_weight, gspo_token_log_ratio, sampler_mismatch, sequence_clipped_surrogate_loss,
-                         sequence_log_ratio, truncated_is_weights, weighted_policy_gradient_loss)
+from .importance import (CORRECTION_MODES, clipped_is_weight, correction_log_ratio, correction_metrics,
+                         correction_weights, gspo_token_log_ratio, sampler_mismatch, sequence_clipped_surrogate_loss,
+                         sequence_log_ratio, weighted_policy_gradient_loss)
 
 __all__ = [
     # errors
     "ObjectiveError",
     # logprobs
     "token_logps",
+    "support_mask",
+    "support_log_mass",
     "linear_token_logps",
     "masked_logps",
     "sequence_logps",
@@ -144,7 +150,10 @@ __all__ = [
     "clipped_is_weight",
     "weighted_policy_gradient_loss",
     "sampler_mismatch",
-    "truncated_is_weights",
+    "CORRECTION_MODES",
+    "correction_log_ratio",
+    "correction_weights",
+    "correction_metrics",
     # pairwise
     "PAIRWISE_LOSSES",
     "PairScores",

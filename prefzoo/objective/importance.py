@@ -7,8 +7,9 @@
   sequence (GSPO; TRL 1.16's RLOO on the whole sequence's ratio).
 - :func:`clipped_is_weight`: CISPO's clipped importance-sampling weight, detached (MiniMax-M1 2025).
 - :func:`weighted_policy_gradient_loss`: -sg(w) A log pi per token (CISPO; REINFORCE when w = 1).
-- :func:`sampler_mismatch` / :func:`truncated_is_weights`: how far a rollout engine's log-probs are from the
-  trainer's, and the truncated importance-sampling weights that correct for it (Yao et al. 2025).
+- :func:`sampler_mismatch`, :func:`correction_metrics`: how far a sampler's log-probs (a rollout engine's, a stale
+  policy's) are from the trainer's; :func:`correction_weights`: the importance weights that correct for it, truncated
+  (TIS) or masked (MIS, IcePop), per token or per sequence (Yao et al. 2025; Liu et al. 2025).
 
 Both ratios are LOG-ratios against a zero "old" log-prob, so PPO's clipped surrogate
 (:func:`prefzoo.objective.clipped_surrogate_loss` with ``old_logps = 0``) clips them unchanged.
@@ -21,7 +22,8 @@ import torch
 from .errors import ObjectiveError, check_mask, check_ndim, check_number, check_same_shape
 
 __all__ = ["sequence_log_ratio", "gspo_token_log_ratio", "sequence_clipped_surrogate_loss", "clipped_is_weight",
-           "weighted_policy_gradient_loss", "sampler_mismatch", "truncated_is_weights"]
+           "weighted_policy_gradient_loss", "sampler_mismatch", "CORRECTION_MODES", "correction_log_ratio",
+           "correction_weights", "correction_metrics"]
 
 
 def _is_log_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -219,29 +221,145 @@ def sampler_mismatch(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask:
                 "logp_diff_signed": float(delta.sum() / n)}
 
 
-def truncated_is_weights(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, cap: float
+CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def correction_log_ratio(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor
                          ) -> torch.Tensor:
-    """Truncated importance-sampling weights of a rollout drawn by an engine other than the trainer, DETACHED.
+    """delta_t = log pi_trainer(y_t) - log pi_sampler(y_t) on counted tokens, 0 elsewhere, DETACHED.
 
-        w_t = min( pi_trainer_old(y_t) / pi_engine(y_t), C ) = min( exp(old_logps_t - sampler_logps_t), C )
+    A counted token whose sampler log-prob is NaN (an engine that could not score it) gets delta = 0: weight 1, no
+    correction, rather than a NaN in the loss (TRL 1.16's convention). Computed in float32.
 
-    The samples come from pi_engine, while the update's surrogate assumes pi_trainer_old; weighting each token's
-    loss by w_t corrects the expectation, and the cap C bounds the variance. Because w_t >= 0, weighting a
-    per-token loss linear in the advantage (PPO's clipped surrogate: -min(rho A, clip(rho) A), REINFORCE, CISPO's
-    -sg(r) A log pi) equals multiplying the advantage by w_t: min(rho w A, clip(rho) w A) = w min(rho A, clip(rho) A).
-    w = 1 at masked positions.
-
-    Shape: old_logps, sampler_logps (B, T) float, mask (B, T) bool -> (B, T) float32.
-    Units: dimensionless.
+    Shape: trainer_logps, sampler_logps (B, T) float, mask (B, T) bool -> (B, T) float32. Units: nats.
 
     Raises:
-        ObjectiveError: shapes differ or not 2-D; mask not bool; cap not > 0.
+        ObjectiveError: shapes differ or not 2-D; mask not bool.
+
+    Source: the log of the importance weight pi_target / pi_behaviour (Kahn & Marshall 1953; Precup et al. 2000 for
+    per-decision weights in RL); the NaN convention is TRL 1.16's (``GRPOTrainer``'s importance-sampling block).
+    """
+    with torch.no_grad():
+        delta = _is_log_ratio(trainer_logps.float(), sampler_logps.float(), mask)
+        return torch.nan_to_num(delta, nan=0.0)
+
+
+def correction_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                       clip_min: float | None = None, clip_max: float | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The importance weights that correct a rollout drawn by a sampler other than the trainer, DETACHED.
+
+    With w = pi_trainer / pi_sampler, the ratio that turns an expectation under the sampler into one under the
+    trainer's policy, per token (``token_*``) or per sequence (``sequence_*``):
+
+        token:     w_t = exp(delta_t)                       delta_t = log pi_trainer(y_t) - log pi_sampler(y_t)
+        sequence:  w_t = W = exp( sum_{s counted} delta_s )  on every token of the row (the whole completion's ratio)
+
+    and then, with the band [C_min, C_max] (either end None: unbounded),
+
+        truncate (TIS):  w <- clamp(w, C_min, C_max)                 the bias of the cap traded for bounded variance
+        mask (MIS):      w <- w if C_min <= w <= C_max, else 0       tokens (or whole sequences) too far off dropped
+
+    Masking at token level with a band [lo, hi] is IcePop's token masking. The weight multiplies each counted token's
+    policy-gradient loss (:func:`prefzoo.algos.online.corrected_advantages`: for a loss linear in the advantage with
+    w >= 0 that equals weighting the advantage); a weight of 0 removes the token's gradient but the token still
+    counts in the loss normaliser, as in TRL. Only ``mask``'s tokens (the policy's own: an environment's tokens are
+    not actions) enter the sequence sum; w = 1 at the others.
+
+    ``rejected`` marks the counted tokens whose weight the band changed (truncated or masked): the share of them is
+    the ``correction/frac_*`` metric.
+
+    Shape: trainer_logps, sampler_logps (B, T) float, mask (B, T) bool -> (weights (B, T) float32, rejected (B, T)
+    bool); B = sequences, T = completion positions. Units: dimensionless.
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool; mode not one of :data:`CORRECTION_MODES`; a bound
+            not > 0; clip_min > clip_max.
 
     Source: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training" (truncated
-    importance sampling, TIS); TRL's ``vllm_importance_sampling_correction`` / ``vllm_importance_sampling_cap``.
+    importance sampling, TIS, per token); Liu et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse
+    from the Training-Inference Mismatch" (sequence-level TIS and masked IS, MIS); Ling Team 2025, "Every Step Evolves:
+    Scaling Reinforcement Learning for Trillion-Scale Thinking Model" (Ring-1T, IcePop: token masking outside a
+    band). Conventions (sequence weight from the SUM of log-ratios, masked weight 0, NaN sampler log-prob -> weight 1)
+    are TRL 1.16's ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``, checked against its code in
+    ``bench/compare_trl_correction.py``.
     """
-    c = check_number("cap", cap, low=0.0, strict_low=True, hint="the largest weight a token may get, e.g. 2.0")
+    from .errors import check_choice
+
+    check_choice("mode", mode, CORRECTION_MODES)
+    low = None if clip_min is None else check_number("clip_min", clip_min, low=0.0, strict_low=True)
+    high = None if clip_max is None else check_number("clip_max", clip_max, low=0.0, strict_low=True)
+    if low is not None and high is not None and low > high:
+        raise ObjectiveError(f"clip_min={low} > clip_max={high}: the band [clip_min, clip_max] is empty")
     with torch.no_grad():
-        delta = _is_log_ratio(old_logps.float(), sampler_logps.float(), mask)
-        weights = delta.exp().clamp(max=c)
-        return torch.where(mask, weights, torch.ones_like(weights))
+        delta = correction_log_ratio(trainer_logps, sampler_logps, mask)
+        if mode.startswith("sequence"):
+            delta = delta.sum(-1, keepdim=True).expand_as(delta)
+        ratio = delta.exp()
+        if mode.endswith("truncate"):
+            weights = ratio.clamp(min=low, max=high) if (low, high) != (None, None) else ratio
+            changed = weights != ratio
+        else:
+            changed = torch.zeros_like(mask)
+            if low is not None:
+                changed = changed | (ratio < low)
+            if high is not None:
+                changed = changed | (ratio > high)
+            weights = ratio.masked_fill(changed, 0.0)
+        rejected = changed & mask
+        return torch.where(mask, weights, torch.ones_like(weights)), rejected
+
+
+def correction_metrics(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
+                       weights: torch.Tensor | None = None, rejected: torch.Tensor | None = None,
+                       sequence_level: bool = False) -> dict[str, float]:
+    """How far the sampler is from the trainer, and what the correction did, over the counted tokens. DETACHED.
+
+    With delta_t = log pi_trainer(y_t) - log pi_sampler(y_t) and r_t = exp(delta_t), y_t drawn by the SAMPLER:
+
+        mismatch_k1  = mean_t(-delta_t)                  an unbiased estimate of KL(pi_sampler || pi_trainer) per token
+        mismatch_k3  = mean_t(r_t - 1 - delta_t)         the same KL, unbiased and >= 0 per sample (Schulman 2020)
+        ratio_mean   = mean_t(r_t)                       1 in expectation for a sampler and trainer with one support
+
+    and, given the correction's ``weights`` (:func:`correction_weights`): ``weight_mean``, ``weight_min``,
+    ``weight_max``; ``frac_rejected``, the share of tokens (``sequence_level``: of sequences) whose weight the band
+    truncated or masked; ``ess``, the normalised effective sample size (sum w)^2 / (n sum w^2) in (0, 1] over the
+    n tokens (sequences), 1 when every weight is equal (Kong 1992). Without a counted token every value is 0 but
+    ``ess`` (1).
+
+    Shape: trainer_logps, sampler_logps, weights (B, T), mask, rejected (B, T) bool -> {name: float}.
+    Units: mismatch in nats per token; the rest dimensionless.
+
+    Raises:
+        ObjectiveError: shapes differ or not 2-D; mask not bool.
+
+    Source: Schulman 2020, "Approximating KL Divergence" (k1, k3); Kong 1992 / Liu 1996 (the effective sample size
+    of importance weights); TRL 1.16's ``sampling/importance_sampling_ratio/{min,mean,max}``.
+    """
+    with torch.no_grad():
+        delta = correction_log_ratio(trainer_logps, sampler_logps, mask)
+        n = int(mask.sum())
+        out = {"mismatch_k1": 0.0, "mismatch_k3": 0.0, "ratio_mean": 0.0}
+        if n:
+            d = delta[mask]
+            out.update(mismatch_k1=float(-d.mean()), mismatch_k3=float((d.exp() - 1 - d).mean()),
+                       ratio_mean=float(d.exp().mean()))
+        if weights is None:
+            return out
+        check_same_shape("weights", weights, "trainer_logps", trainer_logps)
+        if sequence_level:
+            rows = mask.any(-1)
+            first = mask.float().argmax(-1)
+            w = weights.float().gather(1, first[:, None])[:, 0][rows]
+            hit = (rejected.any(-1) if rejected is not None else torch.zeros_like(rows))[rows]
+        else:
+            w = weights.float()[mask]
+            hit = rejected[mask] if rejected is not None else torch.zeros_like(w, dtype=torch.bool)
+        if w.numel() == 0:
+            out.update(weight_mean=0.0, weight_min=0.0, weight_max=0.0, frac_rejected=0.0, ess=1.0)
+            return out
+        square = float((w * w).sum())
+        out.update(weight_mean=float(w.mean()), weight_min=float(w.min()), weight_max=float(w.max()),
+                   frac_rejected=float(hit.float().mean()),
+                   ess=min(1.0, float(w.sum()) ** 2 / (w.numel() * square)) if square > 0 else 0.0)  # (<= 1: C-S)
+        return out

@@ -27,6 +27,8 @@ from .errors import (
 
 __all__ = [
     "token_logps",
+    "support_mask",
+    "support_log_mass",
     "masked_logps",
     "sequence_logps",
     "mean_logps",
@@ -107,6 +109,82 @@ def token_logps(
             x = x / temperature
         picked = x.gather(-1, safe_labels[:, start:stop, None]).squeeze(-1)
         pieces.append(picked - torch.logsumexp(x, dim=-1))
+    return torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
+
+
+def support_mask(logits: torch.Tensor, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """The tokens a top-k / top-p (nucleus) sampler keeps: True = may be drawn.
+
+    Top-k first (the ``top_k`` largest logits; 0 = all), then top-p over the distribution renormalised on what is left:
+    sorted by probability, a token is kept while the mass of the tokens BEFORE it is below ``top_p``, so the kept set
+    is the smallest whose mass reaches ``top_p`` and the most likely token is always kept. Ties are broken by the
+    sort's order. This is the sampler's rule (:func:`prefzoo.rollout.generate.filter_support` draws from it) and the
+    rule the trainer uses to renormalise over the sampler's support (:func:`support_log_mass`): one definition.
+
+    Shape: logits (..., V) float, already divided by the temperature -> (..., V) bool. Units: none.
+
+    Raises:
+        ObjectiveError: top_p not in (0, 1]; top_k < 0.
+
+    Source: Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration" (nucleus sampling, sec. 3.1);
+    Fan et al. 2018 (top-k sampling); the order top-k then top-p is vLLM's and transformers' default.
+    """
+    top_p = check_number("top_p", top_p, low=0.0, high=1.0, strict_low=True)
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ObjectiveError(f"top_k={top_k!r}: a number of tokens >= 0 (0 = no top-k)")
+    x = logits.float()
+    keep = torch.ones(x.shape, dtype=torch.bool, device=x.device)
+    if 0 < top_k < x.shape[-1]:
+        kth = x.topk(top_k, dim=-1).values[..., -1:]
+        keep = x >= kth
+        x = x.masked_fill(~keep, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        probs = sorted_x.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        keep_sorted = mass_before < top_p
+        keep = keep & torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return keep
+
+
+def support_log_mass(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
+                     top_k: int = 0, chunk_size: int | None = None) -> torch.Tensor:
+    """log of the probability mass a top-k / top-p sampler kept at each position, the chosen token included.
+
+        log Z_t = log sum_{v in S_t} softmax(logits_t / tau)_v,     S_t = support_mask(logits_t / tau) + {labels_t}
+
+    A sampler that draws from the distribution renormalised on S_t and reports its log-probs after the
+    renormalisation (vLLM's ``processed_logprobs``, prefzoo's hf engine) gives log pi_sampler(y) = log pi(y) - log Z;
+    a trainer that compares its plain log pi(y) with it sees a ratio of Z_t < 1 on every token even with identical
+    weights: TRL measured a mean ratio of 0.896 at top_p = 0.8. Subtracting log Z_t from the trainer's log-prob
+    renormalises it over the same support, and a matched sampler then gives a ratio of exactly 1. The chosen
+    token is put in S_t so that a token the trainer would not have kept (the sampler's weights differ) keeps a
+    finite ratio. 0 when top_p = 1 and top_k = 0. DETACHED.
+
+    Shape: logits (B, T, V), labels (B, T) integer -> (B, T) float32 (<= 0); meaningless where the caller masks.
+    Units: nats.
+
+    Raises:
+        ObjectiveError: as :func:`token_logps` and :func:`support_mask`.
+
+    Source: Holtzman et al. 2020 (nucleus sampling); the bias and its fix: TRL 1.17's release notes ("unbiased
+    importance sampling under top-k, top-p and min-p") and vLLM's logprobs modes (``processed_logprobs``).
+    """
+    check_ndim("logits", logits, 3, "(B, T, V)")
+    check_ndim("labels", labels, 2, "(B, T)")
+    temperature = check_number("temperature", temperature, low=0.0, strict_low=True)
+    _check_chunk_size(chunk_size)
+    if top_p >= 1.0 and not top_k:
+        support_mask(logits[:, :0], top_p, top_k)  # (the checks)
+        return torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
+    vocab = logits.shape[-1]
+    safe = torch.where((labels >= 0) & (labels < vocab), labels, torch.zeros_like(labels)).long()
+    pieces = []
+    with torch.no_grad():
+        for start, stop in _chunks(logits.shape[1], chunk_size):
+            x = logits[:, start:stop].float() / temperature
+            keep = support_mask(x, top_p, top_k).scatter(-1, safe[:, start:stop, None], True)
+            pieces.append(torch.logsumexp(x.masked_fill(~keep, float("-inf")), -1) - torch.logsumexp(x, -1))
     return torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
 
 

@@ -14,8 +14,8 @@ without EOS ``truncated``.
   vLLM, at the price of one no-grad pass where the plugin needs none.
 * :class:`prefzoo.rollout.vllm_engine.VLLMEngine` (``vllm``, optional): vLLM's offline ``LLM`` beside the trainer,
   fed the LoRA adapter after every optimizer step; it fills ``sample_logps`` with the log-probs it sampled with,
-  from which the rollout's engine/trainer mismatch is logged and, with ``rollout.is_correction_cap``, corrected
-  (:func:`prefzoo.objective.truncated_is_weights`).
+  from which the rollout's engine/trainer mismatch is logged and, with ``rollout.correction.mode``, corrected
+  (:func:`prefzoo.objective.correction_weights`; docs/off-policy.md).
 
 Per-prompt seeds (:data:`prefzoo.types.ROLLOUT_SEED_COLUMN`) make prompt i's samples depend on its seed alone,
 in both engines (each engine has its own random stream: the same seed does not give the same samples in both).
@@ -70,8 +70,8 @@ class HFEngine:
         kv_cache: ``static`` (preallocated) or ``dynamic`` (``transformers``' own): see
             :func:`prefzoo.rollout.generate.sample_completions`.
         compile_decode: the decode step through ``torch.compile`` (static cache only).
-        report_logps: when sampling from the merged copy, return the log-probs the tokens were sampled with as
-            ``sample_logps`` (the rollout/trainer mismatch is then logged, ``engine/logp_diff_*``).
+        report_logps: when sampling from the merged copy, return the log-probs the tokens were sampled with (after
+            the temperature, renormalised over the top-k / top-p support) as ``sample_logps`` (the rollout/trainer mismatch is then logged, ``engine/logp_diff_*``).
     """
 
     name = "hf"

@@ -1,7 +1,7 @@
 """Sampling completions from a causal LM: the rollout shared by GRPO, PPO, best-of-n and pair building.
 
 A lean decode loop over the model's KV cache: one prefill of the (left-padded) prompts, then one
-forward of one token per row per step, sampling with temperature and nucleus (top-p) filtering. It
+forward of one token per row per step, sampling with temperature, top-k and nucleus (top-p) filtering. It
 stops when every row has emitted an end-of-sequence token or ``max_new_tokens`` is reached. Compared
 with ``transformers``' ``generate`` it skips the generic logits-processor and stopping-criteria machinery
 (the tests check it picks the same greedy tokens) and returns the log-probability each token had when it
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from prefzoo.objective import support_mask
 from prefzoo.rollout.kv_cache import PreallocatedKV, can_preallocate, mask_format
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
 
@@ -34,22 +35,16 @@ def position_ids_from_mask(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
-    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (Holtzman et al. 2020).
+def filter_support(logits: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:
+    """``logits`` with the tokens a top-k / top-p sampler drops set to -inf (:func:`prefzoo.objective.support_mask`:
+    top-k first, then the smallest set whose mass reaches ``top_p``; the most likely token always stays).
 
     Args:
         logits: Shape (B, V), float32, already divided by the temperature.
-    Returns:
-        logits with the tokens outside the nucleus set to -inf (the most likely token always stays).
     """
-    if top_p >= 1.0:
+    if top_p >= 1.0 and not top_k:
         return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    probs = sorted_logits.softmax(-1)
-    mass_before = probs.cumsum(-1) - probs
-    drop_sorted = mass_before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    return logits.masked_fill(~support_mask(logits, top_p, top_k), float("-inf"))
 
 
 def sample_from(probs: Tensor, generator: torch.Generator | None = None, uniforms: Tensor | None = None) -> Tensor:
@@ -97,14 +92,15 @@ KV_CACHES = ("static", "dynamic")
 def _choose(logits: Tensor, params: SamplingParams, generator: torch.Generator | None, uniforms: Tensor | None
             ) -> tuple[Tensor, Tensor]:
     """One decode step's choice from ``logits`` (Shape (n, V) float32): (token Shape (n,) long, its log-prob under the
-    temperature-scaled distribution before top-p, Shape (n,) float32)."""
+    distribution it was drawn from, Shape (n,) float32: after the temperature and renormalised over the top-k /
+    top-p support, as vLLM's ``processed_logprobs``; greedy: the plain softmax's)."""
     if params.greedy:
         logprobs = torch.log_softmax(logits, -1)
         token = logits.argmax(-1)
     else:
-        logits = logits / params.temperature
-        logprobs = torch.log_softmax(logits, -1)
-        token = sample_from(filter_top_p(logits, params.top_p).softmax(-1), generator, uniforms)
+        kept = filter_support(logits / params.temperature, params.top_p, params.top_k)
+        token = sample_from(kept.softmax(-1), generator, uniforms)
+        logprobs = torch.log_softmax(kept, -1)
     return token, logprobs.gather(-1, token[:, None])[:, 0]
 
 

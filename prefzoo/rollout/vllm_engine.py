@@ -17,11 +17,12 @@ How a rollout goes (:meth:`VLLMEngine.sample`):
 2. **Prompts** go in as the token ids prefzoo made (``TokensPrompt``, left padding stripped; the engine loads no
    tokenizer: ``skip_tokenizer_init``), one request per prompt with ``n = num_samples``, its seed the prompt's
    :data:`~prefzoo.types.ROLLOUT_SEED_COLUMN` (vLLM gives sample j seed + j) or one drawn from the policy's generator.
-3. **Sampling**: temperature (greedy: 0), top_p, ``max_tokens = max_new_tokens``, ``stop_token_ids`` = the policy's
+3. **Sampling**: temperature (greedy: 0), top_k (-1 when off), top_p, ``max_tokens = max_new_tokens``, ``stop_token_ids`` = the policy's
    EOS ids and only those (``ignore_eos`` keeps vLLM from adding the model's generation_config EOS ids; the EOS is
    kept as the completion's last token, as in the hf engine). Log-probs are vLLM's
-   ``processed_logprobs``: after the temperature, as the trainer recomputes them (with top_p < 1 also after the
-   nucleus renormalisation, which the trainer does not apply: the mismatch metrics then include it).
+   ``processed_logprobs``: after the temperature and, with top_k / top_p, renormalised over the kept tokens, like the
+   hf engine's; the trainer renormalises its own over the same support for the correction's weight
+   (``rollout.correction.match_support``, :func:`prefzoo.objective.support_log_mass`).
 4. **Back**: a :class:`~prefzoo.types.SequenceBatch` in the hf engine's layout, with ``sample_logps``.
 
 GPU settings (``rollout.vllm.gpu_memory_utilization``, ``rollout.vllm.sleep``: level-1 sleep after each rollout,
@@ -204,7 +205,7 @@ class VLLMEngine:
         if params.greedy:
             common.update(temperature=0.0)
         else:
-            common.update(temperature=params.temperature, top_p=params.top_p)
+            common.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k else -1)
         return [VLLMSamplingParams(seed=int(s) % (2 ** 31), **common) for s in seeds]
 
     @torch.no_grad()

@@ -109,13 +109,24 @@ def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[
     data = {k: v for k, v in plain(cfg.data).items() if k != "pairs"}
     evaluation = {k: v for k, v in plain(cfg.eval).items() if k not in _WHEN}
     parts = {"version": VERSION, "algo": cfg.algo.name, "model": plain(cfg.model), "data": data,
-             "reward": plain(cfg.reward), "eval": evaluation, "rollout": plain(cfg.rollout),
+             "reward": plain(cfg.reward), "eval": evaluation, "rollout": _rollout_part(plain(cfg.rollout)),
              "model_files": model_files(cfg.model.name), "seed": cfg.trainer.seed, "reference": bool(reference),
              "num_samples": int(num_samples), "environment": env}
     if getattr(cfg, "env", None) is not None and cfg.env.name != "none":  # multi-turn episodes (keys before them unchanged)
         parts["env"] = plain(cfg.env)
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return f"{cfg.data.name}-{hashlib.sha256(blob).hexdigest()[:16]}", parts
+
+
+def _rollout_part(rollout: dict) -> dict:
+    """The rollout settings that shape the starting policy's evaluation, in the layout the keys had before
+    ``rollout.correction`` and ``rollout.top_k`` existed (so earlier keys, the shipped one included, still match): the
+    correction only changes training; top_k enters when set."""
+    part = {k: v for k, v in rollout.items() if k not in ("correction", "top_k")}
+    part["is_correction_cap"] = None  # (the key of the correction's earlier setting, never set for an evaluation)
+    if rollout.get("top_k"):
+        part["top_k"] = rollout["top_k"]
+    return part
 
 
 def cache_path(cache_root: Path, key: str) -> Path:

@@ -1,5 +1,6 @@
-"""A rollout engine's own log-probs (issue 18): the mismatch is logged and, with ``rollout.is_correction_cap``, the
-truncated importance-sampling weights min(pi_trainer_old / pi_engine, C) scale every online plugin's advantages.
+"""A rollout engine's own log-probs (issue 18): the mismatch is logged and, with
+``rollout.correction.mode=token_truncate``, the truncated importance-sampling weights min(pi_trainer_old / pi_engine, C)
+scale every online plugin's advantages.
 
 No vLLM here: a policy whose samples carry ``sample_logps`` = the trainer's log-probs minus a known per-token
 offset stands in for an engine whose numerics differ from the trainer's.
@@ -16,8 +17,9 @@ import torch
 from prefzoo.algos.grpo import GRPO, GRPOConfig
 from prefzoo.algos.reinforce_pp import ReinforcePP, ReinforcePPConfig
 from prefzoo.algos.rloo import RLOO, RLOOConfig
-from prefzoo.objective import ObjectiveError, sampler_mismatch, truncated_is_weights
-from prefzoo.types import ObjectiveSettings, SamplingParams, SequenceBatch
+from prefzoo.errors import ConfigError
+from prefzoo.objective import ObjectiveError, correction_weights, sampler_mismatch
+from prefzoo.types import CorrectionSettings, ObjectiveSettings, SamplingParams, SequenceBatch
 from tests.algos.test_grpo import PROMPTS, TwoTokenPolicy, fixed_scores
 
 #: the engine's log-prob of each token is the trainer's minus OFFSET[t] (t = completion position)
@@ -36,7 +38,9 @@ class EnginePolicy(TwoTokenPolicy):
 
 
 def _plugins(cap):
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=3, is_correction_cap=cap)
+    mode = None if cap is None else "token_truncate"
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=3,
+                              correction=CorrectionSettings(mode=mode, clip_max=cap))
     objective = ObjectiveSettings(beta=0.0, kl_estimator="k3", kl_placement="as_loss")
     return [GRPO(GRPOConfig(num_samples=4), objective, sampling), RLOO(RLOOConfig(num_samples=4), objective, sampling),
             ReinforcePP(ReinforcePPConfig(num_samples=4), objective, sampling)]
@@ -59,18 +63,21 @@ def test_mismatch_is_logged_and_capped_weights_scale_the_advantages(index):
     for m in (m0, m1):
         assert m["engine/logp_diff_mean"] == pytest.approx(expected_mean, abs=1e-6)
         assert m["engine/logp_diff_max"] == pytest.approx(2.0, abs=1e-6)
-    assert "engine/is_weight_mean" not in m0
+    assert "correction/weight_mean" not in m0
     weights = torch.tensor([math.exp(0.5), math.exp(-0.25), 3.0])[None, :].expand_as(exp0.advantages)
     assert torch.allclose(exp1.advantages, exp0.advantages * weights, atol=1e-6)
     assert bool((exp0.advantages != 0).any())  # (a test that could fail: some advantage is not 0)
-    assert m1["engine/is_weight_capped"] == pytest.approx(float(mask[:, 2].sum() / mask.sum()))
+    assert m1["correction/frac_rejected"] == pytest.approx(float(mask[:, 2].sum() / mask.sum()))
 
 
 def test_the_hf_engine_reports_no_mismatch():
-    """Samples without ``sample_logps`` (the hf engine: the trainer's own model): no engine metrics, no weights."""
-    exp, m = _plugins(3.0)[0].make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores(SCORES))
-    assert not any(k.startswith("engine/") for k in m)
+    """Samples without ``sample_logps`` (the hf engine: the trainer's own model): no engine metrics, no weights; a
+    correction mode asked for such samples is an error naming the key, not a run silently uncorrected."""
+    exp, m = _plugins(None)[0].make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores(SCORES))
+    assert not any(k.startswith(("engine/", "correction/")) for k in m)
     assert exp.old_logps is None  # and no extra pass was needed for one epoch
+    with pytest.raises(ConfigError, match="rollout.correction.mode=token_truncate needs a sampler that reports"):
+        _plugins(3.0)[0].make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores(SCORES))
 
 
 def test_truncated_weights_by_hand():
@@ -78,11 +85,11 @@ def test_truncated_weights_by_hand():
     old = torch.tensor([[math.log(2.0), -math.log(4.0), math.log(10.0), 0.0]])
     engine = torch.zeros(1, 4)
     mask = torch.tensor([[True, True, True, False]])
-    w = truncated_is_weights(old, engine, mask, 3.0)
+    w, _ = correction_weights(old, engine, mask, "token_truncate", clip_max=3.0)
     assert torch.allclose(w, torch.tensor([[2.0, 0.25, 3.0, 1.0]]))
     assert sampler_mismatch(old, engine, mask)["logp_diff_max"] == pytest.approx(math.log(10.0))
-    with pytest.raises(ObjectiveError, match="cap"):
-        truncated_is_weights(old, engine, mask, 0.0)
+    with pytest.raises(ObjectiveError, match="clip_max"):
+        correction_weights(old, engine, mask, "token_truncate", clip_max=0.0)
 
 
 def test_sequence_batches_keep_the_engine_logps_when_concatenated():
@@ -95,3 +102,98 @@ def test_sequence_batches_keep_the_engine_logps_when_concatenated():
     both = SequenceBatch.cat([a, b])
     assert torch.equal(both.sample_logps, torch.tensor([[-1.0, 0.0], [-2.0, -3.0]]))
     assert torch.equal(both.select([1]).sample_logps, torch.tensor([[-2.0, -3.0]]))
+
+
+# ------------------------------------------------------------------------------- top-p support fix, bypass (issue 29)
+NUCLEUS_PROBS = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625])
+
+
+class KnownNucleusPolicy(TwoTokenPolicy):
+    """A policy with a known next-token distribution, the same at every position: 0.5, 0.25, 0.125, 0.0625, 0.0625. Its
+    sampler draws from the top-p nucleus and reports log-probs renormalised over it (vLLM's processed_logprobs); the
+    trainer's log-probs are the plain softmax's."""
+
+    def __init__(self):
+        super().__init__()
+        self.logits = torch.nn.Parameter(NUCLEUS_PROBS.log()[None].repeat(3, 1))
+
+    def sample(self, prompts, n, params):
+        from prefzoo.objective import support_mask
+
+        s = super().sample(prompts, n, params)
+        keep = support_mask(NUCLEUS_PROBS.log()[None], params.top_p)[0]
+        kept = torch.nonzero(keep)[:, 0]
+        ids = kept[torch.arange(s.completion_ids.numel()).remainder(len(kept))].view_as(s.completion_ids)
+        renormalised = (NUCLEUS_PROBS[ids] / NUCLEUS_PROBS[keep].sum()).log()
+        self.sampled = dataclasses.replace(s, completion_ids=ids.masked_fill(~s.completion_mask, 0),
+                                           sample_logps=renormalised.masked_fill(~s.completion_mask, 0.0))
+        return self.sampled
+
+    def support_log_mass(self, batch, temperature, top_p, top_k):
+        from prefzoo.objective import support_log_mass
+
+        logits = self.logits.detach()[None, : batch.completion_ids.shape[1]].expand(len(batch), -1, -1)
+        return support_log_mass(logits, batch.completion_ids, temperature, top_p, top_k).masked_fill(
+            ~batch.completion_mask, 0.0)
+
+
+def _grpo(top_p=0.7, **correction):
+    sampling = SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=3, correction=CorrectionSettings(**correction))
+    return GRPO(GRPOConfig(num_samples=4), ObjectiveSettings(beta=0.0, kl_estimator="k3", kl_placement="as_loss"),
+                sampling)
+
+
+def test_top_p_biases_the_ratio_and_the_support_fix_removes_it():
+    """top_p = 0.7 over (0.5, 0.25, 0.125, 0.0625, 0.0625): the mass before each token is 0, 0.5, 0.75, ..., so the
+    nucleus is {0, 1}, mass Z = 0.75. The sampler's log-prob of a kept token
+    is log(p / Z), the trainer's log p: their ratio is Z = 0.75 on EVERY token though the weights are the same
+    (TRL measured 0.896 at top_p = 0.8 on a real model). Renormalising the trainer's over the same support
+    (match_support) gives exactly 1; the token_truncate weights follow: 0.75 without the fix, 1 with it."""
+    for match, expected in ((False, 0.75), (True, 1.0)):
+        exp, m = _grpo(match_support=match).make_experience(KnownNucleusPolicy(), PROMPTS, fixed_scores(SCORES))
+        assert m["correction/ratio_mean"] == pytest.approx(expected, abs=1e-6)
+        assert m["correction/mismatch_k1"] == pytest.approx(-math.log(expected), abs=1e-6)
+        exp, m = _grpo(match_support=match, mode="token_truncate").make_experience(
+            KnownNucleusPolicy(), PROMPTS, fixed_scores(SCORES))
+        assert m["correction/weight_mean"] == pytest.approx(expected, abs=1e-6)
+        assert m["correction/weight_min"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_bypass_uses_the_samplers_log_probs_as_pi_old():
+    """rollout.correction.bypass: no recomputation; the experience's old log-probs are the sampler's (here, top_p = 1:
+    the trainer's minus OFFSET), so the first update's ratio pi_theta / pi_old is exp(OFFSET[t]) per token, the
+    ratio of the update to the sampler; no separate weight, no mismatch measured."""
+    plugin = _grpo(top_p=1.0, bypass=True)
+    policy = EnginePolicy()
+    exp, m = plugin.make_experience(policy, PROMPTS, fixed_scores(SCORES))
+    assert torch.equal(exp.old_logps, policy.sampled.sample_logps)
+    assert not any(k.startswith(("engine/", "correction/")) for k in m)
+    out = plugin.loss(policy, exp)
+    mask = exp.completion_mask
+    expected = float((OFFSET.exp()[None, :] * mask).sum() / mask.sum())
+    total, count = out.token_metrics["ratio_mean"]
+    assert total / count == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_weights_also_weight_the_kl_loss_term():
+    """k2 as a loss with beta = 0.1 and token_truncate (cap 3): per token the loss is the weighted surrogate plus
+    beta k2; with ``weight_kl`` (the default) the KL term is w beta k2 (w = e^0.5, e^-0.25, 3 by position, as
+    above), without it beta k2 (TRL's convention). The difference of the two per-token losses is therefore
+    beta (w - 1) k2, k2 = (log pi - log pi_ref)^2 / 2 computed here from the policy's two tables."""
+    objective = ObjectiveSettings(beta=0.1, kl_estimator="k2", kl_placement="as_loss")
+    outs = []
+    for weight_kl in (True, False):
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=3, correction=CorrectionSettings(
+            mode="token_truncate", clip_max=3.0, weight_kl=weight_kl))
+        plugin = GRPO(GRPOConfig(num_samples=4), objective, sampling)
+        policy = EnginePolicy()
+        exp, _ = plugin.make_experience(policy, PROMPTS, fixed_scores(SCORES))
+        assert (exp.sample_weights is not None) == weight_kl
+        outs.append((plugin.loss(policy, exp).values.detach(), exp, policy))
+    (weighted, exp, policy), (plain, _, _) = outs
+    mask = exp.completion_mask
+    k2 = 0.5 * (policy.logps(exp)[0].detach() - policy.ref_logps(exp)) ** 2
+    w = torch.tensor([math.exp(0.5), math.exp(-0.25), 3.0])[None, :].expand_as(k2)
+    expected = torch.where(mask, 0.1 * (w - 1) * k2, torch.zeros(()))
+    assert torch.allclose((weighted - plain) * mask, expected, atol=1e-6)
+    assert float(expected.abs().max()) > 1e-3  # (the check can fail: the KL term is not negligible)

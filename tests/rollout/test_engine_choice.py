@@ -42,8 +42,19 @@ def test_vllm_engine_without_vllm_fails_before_any_model_loads_with_the_install_
 
 @pytest.mark.parametrize("overrides,needle", [
     (["rollout.engine=sglang"], "rollout.engine='sglang' is not valid; choose one of: hf, vllm"),
-    (["rollout.is_correction_cap=2.0"], "rollout.engine=hf samples with the trainer's own model"),
-    (["rollout.engine=vllm", "rollout.is_correction_cap=0"], "rollout.is_correction_cap=0.0 is invalid"),
+    (["rollout.correction.mode=token_truncate"], "rollout.engine=hf samples with the trainer's own model"),
+    (["rollout.correction.bypass=true"], "rollout.engine=hf samples with the trainer's own model"),
+    (["rollout.engine=vllm", "rollout.correction.clip_max=0"], "rollout.correction.clip_max=0.0 is invalid"),
+    (["rollout.engine=vllm", "rollout.correction.mode=token"], "rollout.correction.mode='token' is not valid"),
+    (["rollout.engine=vllm", "rollout.correction.clip_min=2", "rollout.correction.clip_max=1"],
+     "the band [clip_min, clip_max] is empty"),
+    (["rollout.engine=vllm", "rollout.correction.mode=token_mask", "rollout.correction.bypass=true"],
+     "the weight pi_old / pi_sampler is 1"),
+    (["rollout.top_k=-1"], "rollout.top_k=-1: a number of tokens >= 0"),
+    (["rollout.log_mismatch=true", "rollout.correction.mode=token_mask", "rollout.correction.bypass=false",
+      "algo=online_dpo"], "algo=online_dpo does not weight its loss by the sampler correction"),
+    (["rollout.log_mismatch=true", "rollout.correction.bypass=true", "rollout.top_p=0.9"],
+     "the sampler's log-probs are renormalised over the tokens it kept"),
 ])
 def test_bad_engine_settings_fail_before_any_model_loads(monkeypatch, capsys, overrides, needle):
     """The engine's name and the correction cap are checked with the rest of the config (the cap's check comes
@@ -57,7 +68,8 @@ def test_hf_stays_the_default_engine():
     from prefzoo.cli import to_typed
 
     typed = to_typed(composed("model=tiny", "algo=grpo"))
-    assert typed.rollout.engine == "hf" and typed.rollout.is_correction_cap is None
+    assert typed.rollout.engine == "hf" and typed.rollout.correction.mode is None
+    assert not typed.rollout.correction.bypass
 
 
 def test_vllm_chat_template_warmup_warning_is_dropped_even_after_vllm_reconfigures_its_loggers(caplog):

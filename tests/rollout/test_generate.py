@@ -12,7 +12,7 @@ import torch
 
 from prefzoo.types import SamplingParams
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.rollout.generate import filter_top_p, position_ids_from_mask, sample_completions, sample_from
+from prefzoo.rollout.generate import filter_support, position_ids_from_mask, sample_completions, sample_from
 from tests.models.helpers import SPREAD, pad_id, prompt_batch, tiny_model, tokenizer
 
 PROMPTS = [[1, 100, 200, 300], [1, 7], [9, 8, 7, 6, 5, 4, 3, 2000, 1000], [42]]
@@ -173,24 +173,24 @@ def test_sample_from_never_draws_a_zero_probability_token_at_the_ends_of_the_uni
     assert got == ([1, 2] if u == 0.0 else [2, 2])
 
 
-def test_filter_top_p_keeps_the_nucleus_hand_example():
+def test_filter_support_keeps_the_nucleus_hand_example():
     """p = (0.05, 0.5, 0.15, 0.3). Sorted: 0.5, 0.3, 0.15, 0.05 with mass before each 0, 0.5, 0.8, 0.95.
     top_p=0.75 keeps the smallest set reaching 0.75: {0.5, 0.3} (tokens 1 and 3); top_p=0.9 adds 0.15
     (token 2); top_p=0.3 keeps only the most likely token; top_p=1 keeps all."""
     logits = torch.tensor([[0.05, 0.5, 0.15, 0.3]]).log()
-    kept = lambda p: torch.isfinite(filter_top_p(logits, p))[0].tolist()  # noqa: E731
+    kept = lambda p: torch.isfinite(filter_support(logits, p))[0].tolist()  # noqa: E731
     assert kept(0.75) == [False, True, False, True]
     assert kept(0.9) == [False, True, True, True]
     assert kept(0.3) == [False, True, False, False]
     assert kept(1.0) == [True, True, True, True]
     # kept logits are unchanged, so the softmax renormalises the nucleus: 0.5/0.8, 0.3/0.8
-    torch.testing.assert_close(filter_top_p(logits, 0.75).softmax(-1)[0],
+    torch.testing.assert_close(filter_support(logits, 0.75).softmax(-1)[0],
                                torch.tensor([0.0, 0.625, 0.0, 0.375]), rtol=0, atol=1e-6)
 
 
-def test_filter_top_p_rows_are_independent():
+def test_filter_support_rows_are_independent():
     logits = torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.7, 0.1, 0.1, 0.1]]).log()
-    kept = torch.isfinite(filter_top_p(logits, 0.6))
+    kept = torch.isfinite(filter_support(logits, 0.6))
     assert kept.tolist() == [[False, True, False, True], [True, False, False, False]]
 
 
@@ -198,7 +198,7 @@ def test_top_p_then_sample_from_draws_from_the_renormalised_nucleus():
     """p = (0.05, 0.5, 0.15, 0.3), top_p = 0.75: the nucleus is tokens 1 and 3, renormalised to
     (0.625, 0.375). 20,000 seeded draws: nothing outside it, chi-square (1 dof) below 10.83 (0.1%)."""
     logits = torch.tensor([0.05, 0.5, 0.15, 0.3]).log().expand(20_000, 4)
-    draws = sample_from(filter_top_p(logits, 0.75).softmax(-1), torch.Generator().manual_seed(2))
+    draws = sample_from(filter_support(logits, 0.75).softmax(-1), torch.Generator().manual_seed(2))
     counts = torch.bincount(draws, minlength=4).double()
     assert counts[0] == 0 and counts[2] == 0
     assert chi_square(counts, torch.tensor([0.0, 0.625, 0.0, 0.375], dtype=torch.float64)) < 10.83
@@ -207,15 +207,33 @@ def test_top_p_then_sample_from_draws_from_the_renormalised_nucleus():
 def test_top_p_sampling_in_the_decode_loop(model):
     """Through sample_completions (temperature 0.3, top_p 0.8, 64 samples of one prompt): every first
     token lies in the nucleus of softmax(logits / 0.3), more than one of its tokens is drawn, and the
-    reported log-prob is the tempered one BEFORE top-p filtering (as the docstring says)."""
+    reported log-prob is that of the distribution it was drawn from: the tempered one renormalised over the nucleus,
+    log p(y) - log Z with Z = the nucleus's mass under softmax(logits / 0.3) (vLLM's processed_logprobs)."""
     prompt = [[1, 100, 200, 300]]
     with torch.no_grad():
         logits = model(input_ids=torch.tensor(prompt)).logits[0, -1].float() / 0.3
-    nucleus = torch.isfinite(filter_top_p(logits[None], 0.8))[0]
+    nucleus = torch.isfinite(filter_support(logits[None], 0.8))[0]
     assert 3 <= int(nucleus.sum()) <= 30
     params = SamplingParams(temperature=0.3, top_p=0.8, max_new_tokens=1)
     batch, logps, _ = ours(model, prompt, params, [tokenizer().eos_token_id], 64, torch.Generator().manual_seed(0))
     first = batch.completion_ids[:, 0]
     assert nucleus[first].all()
     assert len(set(first.tolist())) > 1
-    torch.testing.assert_close(logps[:, 0], logits.log_softmax(-1)[first], rtol=0, atol=1e-5)
+    mass = logits.softmax(-1)[nucleus].sum()
+    assert float(mass) < 0.95  # (the renormalisation is visible)
+    torch.testing.assert_close(logps[:, 0], logits.log_softmax(-1)[first] - mass.log(), rtol=0, atol=1e-5)
+
+
+def test_top_k_sampling_in_the_decode_loop(model):
+    """top_k = 3 (temperature 1, top_p 1, 64 samples of one prompt): every first token is one of the 3 largest logits,
+    more than one of them is drawn, and the reported log-prob is log p(y) - log(mass of the 3), p the plain softmax."""
+    prompt = [[1, 100, 200, 300]]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(prompt)).logits[0, -1].float()
+    top = logits.topk(3).indices
+    params = SamplingParams(temperature=1.0, top_k=3, max_new_tokens=1)
+    batch, logps, _ = ours(model, prompt, params, [tokenizer().eos_token_id], 64, torch.Generator().manual_seed(0))
+    first = batch.completion_ids[:, 0]
+    assert all(int(t) in top.tolist() for t in first) and len(set(first.tolist())) > 1
+    mass = logits.softmax(-1)[top].sum()
+    torch.testing.assert_close(logps[:, 0], logits.log_softmax(-1)[first] - mass.log(), rtol=0, atol=1e-5)

@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.vllm,
 
 LOGP_TOL = 1e-4
 ENGINE_RUN = ["algo=grpo", "rollout.engine=vllm", "model.tiny_hidden_size=128", "model.lora.r=8",
-              "rollout.is_correction_cap=2.0", "trainer.lr=0.05", "trainer.warmup_steps=0",
+              "rollout.correction.mode=token_truncate",
+              "rollout.correction.clip_max=2.0", "trainer.lr=0.05", "trainer.warmup_steps=0",
               "trainer.lr_schedule=constant", "algo.num_samples=4", "rollout.temperature=1.0",
               'reward.functions=["tests.algos.hydra_runs:letter_share"]', "reward=sentiment"]
 
@@ -108,7 +109,7 @@ def test_grpo_steps_log_the_mismatch_and_the_engine_follows_every_update(trainer
         out = trainer.train_step()
         trainer.step += 1
         assert out["engine/logp_diff_max"] < LOGP_TOL and out["engine/logp_diff_mean"] < LOGP_TOL
-        assert abs(out["engine/is_weight_mean"] - 1) < 1e-3 and out["engine/is_weight_capped"] == 0.0
+        assert abs(out["correction/weight_mean"] - 1) < 1e-3 and out["correction/frac_rejected"] == 0.0
     after_hf = greedy(policy, hf, batch).completion_ids
     after_vllm = greedy(policy, policy.engine, batch).completion_ids
     assert policy.engine.syncs == syncs + 3  # steps 1, 2 before the next rollouts, step 3 before this greedy call
