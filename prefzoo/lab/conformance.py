@@ -574,11 +574,22 @@ def main(argv: list[str] | None = None) -> int:
     for case in turns:
         turn_results.append(run_turn_case(case, bed, BETA, args.seeds, args.seed))
         print(f"[conformance] {case.label}: {turn_results[-1].verdict} ({turn_results[-1].seconds:.0f} s)")
+    from prefzoo.lab.offpolicy import offpolicy_cases, offpolicy_section, run_offpolicy_case
+
+    off = offpolicy_cases()
+    if args.only:
+        off = [c for c in off if any(k in c.label.lower() for k in keys)]
+    off_results = []
+    for case in off:
+        off_results.append(run_offpolicy_case(case, bandit, BETA, args.seeds, args.seed))
+        print(f"[conformance] {case.label}: {off_results[-1].verdict} ({off_results[-1].seconds:.0f} s)")
     seconds = time.perf_counter() - started
     command = "python -m prefzoo.lab.conformance" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     doc = report(results, bandit, BETA, args.seeds, command, seconds)
     if turn_results:
         doc += "\n" + turn_section(turn_results, bed, BETA)
+    if off_results:
+        doc += "\n" + offpolicy_section(off_results, bandit, BETA)
     print(doc)
     if args.out:
         out = Path(args.out)
