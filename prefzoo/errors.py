@@ -14,7 +14,7 @@ import it (the objective layer's :class:`~prefzoo.objective.ObjectiveError` is a
 from __future__ import annotations
 
 __all__ = ["PrefzooError", "ConfigError", "DataError", "RewardError", "ModelError", "PluginError",
-           "RunFolderError", "CheckpointError"]
+           "RolloutWorkerError", "RunFolderError", "CheckpointError"]
 
 
 class PrefzooError(Exception):
@@ -39,6 +39,10 @@ class ModelError(PrefzooError, RuntimeError):
 
 class PluginError(PrefzooError, TypeError):
     """An algorithm plugin does not keep the plugin contract (see :mod:`prefzoo.algos.base`)."""
+
+
+class RolloutWorkerError(PrefzooError, RuntimeError):
+    """The asynchronous rollout worker died, failed or stopped answering (``rollout.asynchronous``)."""
 
 
 class RunFolderError(PrefzooError, RuntimeError):

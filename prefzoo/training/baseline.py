@@ -118,11 +118,15 @@ def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[
     return f"{cfg.data.name}-{hashlib.sha256(blob).hexdigest()[:16]}", parts
 
 
+#: rollout settings of the training rollouts' worker (rollout.asynchronous): the evaluation never uses it
+ASYNC_KEYS = ("asynchronous", "max_staleness", "async_timeout", "async_threads")
+
+
 def _rollout_part(rollout: dict) -> dict:
     """The rollout settings that shape the starting policy's evaluation, in the layout the keys had before
-    ``rollout.correction`` and ``rollout.top_k`` existed (so earlier keys, the shipped one included, still match): the
-    correction only changes training; top_k enters when set."""
-    part = {k: v for k, v in rollout.items() if k not in ("correction", "top_k")}
+    ``rollout.correction``, ``rollout.top_k`` and the asynchronous settings existed (so earlier keys, the shipped one
+    included, still match): the correction and the rollout worker only change training; top_k enters when set."""
+    part = {k: v for k, v in rollout.items() if k not in ("correction", "top_k", *ASYNC_KEYS)}
     part["is_correction_cap"] = None  # (the key of the correction's earlier setting, never set for an evaluation)
     if rollout.get("top_k"):
         part["top_k"] = rollout["top_k"]

@@ -203,6 +203,14 @@ class Trainer:
         self.ood_evaluator = build_ood_evaluator(cfg, self.evaluator, self.tokenizer)  # eval.ood (ood_*), or None
         self.metrics_log = open_metrics_log(cfg, self.run_dir, self.dp.is_main)  # report_to: tensorboard, trackio, wandb
         self.step = 0
+        if cfg.rollout.asynchronous and self.dp.enabled:
+            from prefzoo.errors import ConfigError
+
+            raise ConfigError("rollout.asynchronous=true runs one rollout worker beside one trainer; data parallelism "
+                              "(several processes) is not supported with it yet: drop one of the two.")
+        self.async_rollouts = None  # rollout.asynchronous: the worker (started in run(), after a resume)
+        self.async_ahead: list[tuple[int, list[int]]] = []  # (step, rows) submitted to the worker, in order
+        self.resumed_ahead: list | None = None  # a checkpoint's async_ahead
         self.kl_spent: float | None = None  # the latest KL(pi || pi_ref) measurement, nats per sequence
         self.eval_history: list[dict] = []  # {"step", numeric evaluation metrics...}: before, every N steps, after
         self.train_seconds = 0.0  # time in training steps (rollouts and updates), evaluations excluded
@@ -211,17 +219,84 @@ class Trainer:
         self.check_kl_budget()
 
     # ----------------------------------------------------------------- batches
+    def step_prompts(self, idx: list[int], step: int, start: int = 0, stop: int | None = None):
+        """The prompts of rows ``idx`` of training step ``step`` (0-based), with their per-prompt rollout seeds."""
+        prompts = self.train_prompts.batch(idx, self.policy.pad_id).to(self.device)
+        stop = len(idx) if stop is None else stop
+        prompts.columns[ROLLOUT_SEED_COLUMN] = rollout_seeds(self.cfg.trainer.seed, step, range(start, stop))
+        return prompts
+
     def next_batch(self) -> tuple[Batch, dict]:
         """This process's share of the step's global batch (all of it in one process)."""
-        idx = self.sampler.next()
+        if getattr(self, "async_rollouts", None) is not None:
+            return self.async_batch()
+        # rows an asynchronous run had drawn ahead before its checkpoint come first (resumed synchronously)
+        idx = self.resumed_ahead.pop(0)[1] if getattr(self, "resumed_ahead", None) else self.sampler.next()
         start, stop = shard_range(len(idx), self.dp.rank, self.dp.world_size)
         idx = idx[start:stop]
         if self.declaration.online:
-            prompts = self.train_prompts.batch(idx, self.policy.pad_id).to(self.device)
-            prompts.columns[ROLLOUT_SEED_COLUMN] = rollout_seeds(self.cfg.trainer.seed, self.step, range(start, stop))
+            prompts = self.step_prompts(idx, self.step, start, stop)
             return self.algo.make_experience(self.policy, prompts, self.scorer)
         examples = [self.prefs.train[i] for i in idx]
         return collate_examples(examples, idx, self.policy.pad_id, self.ref_cache).to(self.device), {}
+
+    # -------------------------------------------------------- asynchronous rollouts (rollout.asynchronous)
+    def start_async(self, ahead: list | None) -> None:
+        """Start the rollout worker (:mod:`prefzoo.rollout.async_rollouts`), send it the current adapter (version =
+        ``self.step``) and submit the rollouts of the next max_staleness + 1 steps: those of a checkpoint's ``ahead``
+        first (their rows were drawn before it was saved; they are sampled again, with the restored weights)."""
+        from functools import partial
+
+        from prefzoo.rollout.async_rollouts import AsyncEngine, AsyncRollouts, adapter_state
+        from prefzoo.training.setup import build_rollout_worker
+
+        r = self.cfg.rollout
+        self.async_rollouts = AsyncRollouts(partial(build_rollout_worker, self.cfg), r.max_staleness,
+                                            r.async_threads, r.async_timeout)
+        c = r.correction  # the worker's log-probs serve a correction or the mismatch metrics; else one pass saved
+        self.async_engine = AsyncEngine(self.async_rollouts, keep_logps=bool(c.mode or c.bypass or r.log_mismatch))
+        self.async_rollouts.push_weights(self.step, adapter_state(self.model))
+        self.async_ahead: list[tuple[int, list[int]]] = []
+        for step, idx in ahead or []:
+            self.submit_async(step, idx)
+        while len(self.async_ahead) < r.max_staleness + 1:
+            step = self.async_ahead[-1][0] + 1 if self.async_ahead else self.step
+            if step >= self.max_steps:
+                break
+            self.submit_async(step, self.sampler.next())
+
+    def submit_async(self, step: int, idx: list[int]) -> None:
+        self.async_ahead.append((step, list(idx)))
+        self.async_rollouts.submit(step, self.step_prompts(idx, step), max(1, self.declaration.num_samples),
+                                   self.algo.sampling, self.policy.eos_token_ids, self.policy.pad_id)
+
+    def async_batch(self) -> tuple[Batch, dict]:
+        """This step's experience from the worker's rollout (the policy's engine swapped for the step's rollout)."""
+        step, idx = self.async_ahead.pop(0)
+        if step != self.step:
+            raise RuntimeError(f"asynchronous rollouts out of order: step {step + 1} where {self.step + 1} was due")
+        prompts = self.step_prompts(idx, step)
+        self.async_engine.step = step
+        engine, self.policy.engine = self.policy.engine, self.async_engine
+        try:
+            batch, metrics = self.algo.make_experience(self.policy, prompts, self.scorer)
+        finally:
+            self.policy.engine = engine
+        return batch, {**metrics, **self.async_engine.last_metrics}
+
+    def after_update_async(self) -> None:
+        """After an optimizer step: the new adapter to the worker (version = steps done), then the next request."""
+        from prefzoo.rollout.async_rollouts import adapter_state
+
+        self.async_rollouts.push_weights(self.step + 1, adapter_state(self.model))
+        step = self.step + 1 + self.cfg.rollout.max_staleness
+        if step < self.max_steps:
+            self.submit_async(step, self.sampler.next())
+
+    def stop_async(self) -> None:
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
+            self.async_rollouts = None
 
     @torch.no_grad()
     def precompute_reference(self) -> dict[int, tuple[float, float]]:
@@ -276,6 +351,8 @@ class Trainer:
         out.update(mean_metrics(pairs))  # per-token metrics: token means of the global batch (sums / counts)
         out.update(self.algo.after_step(out, n_global))
         out["beta"] = self.algo.beta
+        if getattr(self, "async_rollouts", None) is not None:
+            self.after_update_async()
         return out
 
     # -------------------------------------------------------------- checkpoints
@@ -288,6 +365,7 @@ class Trainer:
                 "kl_spent": self.kl_spent, "eval_history": self.eval_history, "train_seconds": self.train_seconds,
                 "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
                 "optimizer_steps": self.optimizer_steps,
+                "async_ahead": list(self.async_ahead) if getattr(self, "async_rollouts", None) is not None else None,
                 "value_model": self.policy.value_model.state_dict() if self.policy.value_model is not None else None}
 
     def maybe_resume(self) -> bool:
@@ -310,6 +388,7 @@ class Trainer:
         same_world = per_process is not None and len(per_process) == self.dp.world_size
         set_rng_state(per_process[self.dp.rank] if same_world else state["rng"], self.policy.generator)
         self.step = state["step"]
+        self.resumed_ahead = [(int(st), [int(i) for i in idx]) for st, idx in state.get("async_ahead") or []]
         self.kl_spent = state.get("kl_spent")
         self.eval_history = list(state.get("eval_history") or [])
         self.train_seconds = state.get("train_seconds", 0.0)
@@ -428,22 +507,10 @@ class Trainer:
                               "samples nothing); set eval.every=N to measure KL(pi || pi_ref) on held-out samples every "
                               "N steps, which the budget then uses.")
 
-    def run(self) -> dict:
-        cfg, t = self.cfg, self.cfg.trainer
-        started = time.perf_counter()
-        resumed = self.maybe_resume()
-        main = self.dp.is_main
-        before = None
-        if main and self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / EVAL_FILE.format(tag="before")).is_file()):
-            before = self.evaluate("before", starting=not resumed)
-            print_eval("before training", before)
-        elif main and (self.run_dir / EVAL_FILE.format(tag="before")).is_file():
-            before = json.loads((self.run_dir / EVAL_FILE.format(tag="before")).read_text())
-        bar = tqdm(total=self.max_steps, initial=self.step, desc=f"{cfg.algo.name}",
-                   disable=not (t.progress and main), dynamic_ncols=True)
-        last: dict = {}
-        stop_reason = "max_steps" if self.declaration.trains else "no_training"
-        budget = cfg.objective.kl_budget
+    def train_loop(self, bar, main: bool, last: dict, stop_reason: str, budget) -> tuple[dict, str]:
+        """The training steps until max_steps, the KL budget or early stopping: (the last step's metrics, why it
+        stopped)."""
+        t = self.cfg.trainer
         while self.step < self.max_steps:
             last = self.train_step()
             self.step += 1
@@ -468,6 +535,31 @@ class Trainer:
             if stop:
                 stop_reason = "early_stopping"
                 break
+        return last, stop_reason
+
+    def run(self) -> dict:
+        cfg, t = self.cfg, self.cfg.trainer
+        started = time.perf_counter()
+        resumed = self.maybe_resume()
+        main = self.dp.is_main
+        before = None
+        if main and self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / EVAL_FILE.format(tag="before")).is_file()):
+            before = self.evaluate("before", starting=not resumed)
+            print_eval("before training", before)
+        elif main and (self.run_dir / EVAL_FILE.format(tag="before")).is_file():
+            before = json.loads((self.run_dir / EVAL_FILE.format(tag="before")).read_text())
+        bar = tqdm(total=self.max_steps, initial=self.step, desc=f"{cfg.algo.name}",
+                   disable=not (t.progress and main), dynamic_ncols=True)
+        last: dict = {}
+        stop_reason = "max_steps" if self.declaration.trains else "no_training"
+        budget = cfg.objective.kl_budget
+        if cfg.rollout.asynchronous and self.declaration.online and self.step < self.max_steps:
+            self.start_async(self.resumed_ahead)
+            self.resumed_ahead = None
+        try:
+            last, stop_reason = self.train_loop(bar, main, last, stop_reason, budget)
+        finally:
+            self.stop_async()
         bar.close()
         if self.step and (not t.save_every or self.step % t.save_every):
             self.save()

@@ -276,6 +276,26 @@ def hf_engine(cfg: Config):
                     compile_decode=r.compile_decode, report_logps=r.log_mismatch)
 
 
+def build_rollout_worker(cfg: Config):
+    """In the asynchronous rollout worker's process (``rollout.asynchronous``, :mod:`prefzoo.rollout.async_rollouts`):
+    the policy's LoRA model built as :func:`build_policy` builds it (the same base weights, files and seed; the adapter
+    as configured, its values replaced by the trainer's after every step), on the CPU, and the hf engine that samples
+    its merged copy and reports the log-probs it drew with. Returns (model, engine)."""
+    m = cfg.model
+    device = torch.device("cpu")
+    model = build_base_model(cfg, load_tokenizer(m.name), device)
+    model = wrap_trainable(model, m.lora, quantized=False, adapter_path=m.adapter_path, gradient_checkpointing=False)
+    keep_trainable_float32(model, DTYPES[m.dtype])
+    if m.fast.gqa_attention:  # the same attention as the trainer's sampler
+        from prefzoo.models.attention import use_gqa_attention
+
+        use_gqa_attention(model)
+    model.eval()
+    engine = hf_engine(cfg)
+    engine.report_logps = True
+    return model, engine
+
+
 def build_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):
     """The vLLM rollout engine (``rollout.engine=vllm``, :mod:`prefzoo.rollout.vllm_engine`) on the run's base model.
 

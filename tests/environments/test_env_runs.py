@@ -15,6 +15,7 @@ import torch
 
 from prefzoo.training.loop import Trainer
 from prefzoo.validation import check_environment
+from tests.interrupt import run_until_killed
 from tests.algos.hydra_runs import TINY_RUN, compose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,10 +114,6 @@ def test_the_vllm_engine_is_refused_with_an_environment():
         check_environment(cfg, online=True)
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_a_multi_turn_run_resumes_bit_for_bit(tmp_path):
     """GRPO with a text environment (GuessEnv) and a reward that varies between samples (the letter share), 4 steps
     with a checkpoint every 2: killed during step 3 and resumed, it logs the same steps and ends with the same adapter
@@ -129,18 +126,7 @@ def test_a_multi_turn_run_resumes_bit_for_bit(tmp_path):
     args = ["algo=grpo", "env=custom", "env.target=tests.environments.envs:GuessEnv", LETTER_REWARD, *TINY,
             "trainer.max_steps=4", "trainer.save_every=2", "trainer.lr=0.05"]
     Trainer(compose(args), tmp_path / "straight").run()
-    trainer = Trainer(compose(args), tmp_path / "resumed")
-    real, calls = trainer.train_step, []
-
-    def dies_at_step_3():
-        calls.append(1)
-        if len(calls) == 3:
-            raise Interrupted
-        return real()
-
-    trainer.train_step = dies_at_step_3
-    with pytest.raises(Interrupted):
-        trainer.run()
+    run_until_killed(Trainer(compose(args), tmp_path / "resumed"), 3)
     Trainer(compose([*args, "trainer.resume=true"]), tmp_path / "resumed").run()
     drop = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/") and "per_second" not in k}  # noqa
                          for r in rows]

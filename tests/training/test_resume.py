@@ -17,6 +17,7 @@ from prefzoo.config import Config, DataConfig, EvalConfig, ModelConfig, TrainerC
 from prefzoo.training import loop
 from prefzoo.training.checkpoint import STATE_FILE, complete_checkpoints
 from prefzoo.training.metrics_log import read_metrics
+from tests.interrupt import run_until_killed
 from tests.models.helpers import lora_settings, tiny_model
 
 FIXTURE = str(Path(__file__).resolve().parents[1] / "fixtures" / "arithmetic_pairs.jsonl")
@@ -32,10 +33,6 @@ def config(resume=False, max_steps=6, save_every=3, **trainer) -> Config:
                               warmup_steps=1, resume=resume, progress=False, tensorboard=False, device="cpu",
                               num_threads=1, **trainer),
     ))
-
-
-class Interrupted(Exception):
-    pass
 
 
 def adapter_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -54,19 +51,7 @@ def uninterrupted(tmp_path_factory):
 def resumed(tmp_path_factory):
     """Steps 1-4, killed during step 5 (the last checkpoint is step 3), then trainer.resume=true to step 6."""
     run_dir = tmp_path_factory.mktemp("resumed")
-    trainer = loop.Trainer(config(), run_dir)
-    real_step = trainer.train_step
-    calls = []
-
-    def dies_at_step_5():
-        calls.append(1)
-        if len(calls) == 5:
-            raise Interrupted
-        return real_step()
-
-    trainer.train_step = dies_at_step_5
-    with pytest.raises(Interrupted):
-        trainer.run()
+    run_until_killed(loop.Trainer(config(), run_dir), 5)
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [p.name for p in complete_checkpoints(run_dir)] == ["step-000003"]
     summary = loop.Trainer(config(resume=True), run_dir).run()

@@ -1,0 +1,220 @@
+"""Asynchronous rollouts with bounded staleness (``rollout.asynchronous=true rollout.max_staleness=k``).
+
+While the trainer updates on batch n, a rollout WORKER (another process, one core of its own) samples the next batches
+with an adapter a few optimizer steps old, so generation and training overlap instead of taking turns.
+
+**Schedule.** With staleness bound k, the trainer submits the rollout of step n + k + 1 right after it has sent the
+worker the adapter of version n + 1 (the weights after step n). The worker handles its requests in order and always
+samples with the newest adapter it has received, so the rollout the trainer uses at step m was drawn by the policy of
+version m - k or later: its staleness m - version is at most k by construction (no batch is ever too old to use, so
+none is dropped). k = 0 is the synchronous run: the rollout of step m is drawn with the weights of step m, and, with
+the same sampler as the trainer's hf engine (the merged-weights copy, the same per-prompt seeds, one thread), the same
+tokens: the update is the synchronous one exactly (``tests/rollout/test_async_rollouts.py``).
+
+**What travels.** The worker builds the policy's model itself once (the factory the training side hands it: base
+weights from the same files and seed, the LoRA adapter as configured), then receives only the adapter's tensors after
+each optimizer step (no merge on the trainer's side; the worker merges into its own copy,
+:class:`prefzoo.models.merged.MergedCopy`). A rollout comes back as the :class:`~prefzoo.types.SequenceBatch` the hf
+engine would return, with ``sample_logps`` (the log-probs it was drawn with) and the adapter version that drew it.
+
+**The loss.** Each sample's behaviour policy is the worker's: the plugin recomputes log pi_old with the trainer's
+current weights and, with ``rollout.correction.mode``, weights by pi_old / pi_behaviour
+(:func:`prefzoo.algos.online.engine_correction`), or with ``rollout.correction.bypass`` uses the worker's log-probs as
+pi_old. Without either, the staleness is logged and not corrected; the tabular rows of the conformance table show
+that bounded staleness moves no fixed point, and a persistent mismatch does unless both terms are weighted.
+
+**Faults.** A worker that dies or stops answering for ``rollout.async_timeout`` seconds stops the run with one line
+(:class:`~prefzoo.errors.RolloutWorkerError`): the last checkpoint is whole (checkpoints are written by the trainer
+only). The worker ignores Ctrl-C (SIGINT reaches the whole process group): the trainer stops, and stops it.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import time
+import traceback
+from collections import deque
+from typing import Callable
+
+import torch
+from torch import nn
+
+from prefzoo.errors import RolloutWorkerError
+from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
+
+__all__ = ["AsyncRollouts", "AsyncEngine", "adapter_state"]
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable tensors of ``model`` (the LoRA adapter's A and B), detached CPU copies, by parameter name."""
+    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _worker(build: Callable[[], tuple[nn.Module, object]], threads: int, requests, results) -> None:
+    """The worker process: build the model and its engine, then answer requests in order (see the module docstring).
+
+    Messages in: ("weights", version, {name: tensor}), ("sample", step, prompts, num_samples, params, eos_ids, pad_id),
+    ("stop",). Out: ("ready",), ("batch", step, version, batch, seconds), ("error", step, message)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(max(1, int(threads)))
+    step = None
+    try:
+        model, engine = build()
+        params = dict(model.named_parameters())
+        version = None
+        results.put(("ready",))
+        while True:
+            message = requests.get()
+            if message[0] == "stop":
+                return
+            if message[0] == "weights":
+                version, state = message[1], message[2]
+                missing = [n for n, p in params.items() if p.requires_grad and n not in state]
+                if missing:
+                    raise KeyError(f"the trainer's adapter lacks {len(missing)} of the worker's tensors, e.g. {missing[0]}")
+                with torch.no_grad():  # copy_ (not .data) so the merged copy sees the version counters move
+                    for name, tensor in state.items():
+                        if name in params:  # (the trainer's value adapter, if any, is not the sampler's)
+                            params[name].copy_(tensor)
+                continue
+            _, step, prompts, num_samples, sampling, eos_ids, pad_id = message
+            start = time.perf_counter()
+            batch = engine.sample(model, prompts, num_samples, sampling, eos_token_ids=eos_ids, pad_id=pad_id)
+            results.put(("batch", step, version, batch, time.perf_counter() - start))
+    except Exception as err:  # noqa: BLE001 -- sent back as one line; the trainer raises it
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        results.put(("error", step, f"{type(err).__name__}: {err} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"))
+
+
+class AsyncRollouts:
+    """The trainer's side of the worker: start it, send it adapters and requests, take its rollouts in order.
+
+    Args:
+        build: a picklable callable returning (model, engine) in the worker: the policy's model (a peft LoRA model
+            built as the trainer's) and the hf engine that samples it (:class:`prefzoo.rollout.engine.HFEngine` with
+            ``report_logps``).
+        max_staleness: k, the bound (see the module docstring).
+        threads: torch threads of the worker.
+        timeout: seconds to wait for one rollout before the run stops.
+        start_timeout: seconds to wait for the worker to build its model (None: max(timeout, 600)).
+    """
+
+    def __init__(self, build: Callable, max_staleness: int, threads: int = 1, timeout: float = 600.0,
+                 start_timeout: float | None = None):
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.max_staleness = int(max_staleness)
+        self.timeout = float(timeout)
+        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        self.process = ctx.Process(target=_worker, args=(build, threads, self.requests, self.results), daemon=True,
+                                   name="prefzoo-rollout-worker")
+        self.process.start()
+        self.pending: deque[int] = deque()  # steps submitted and not yet taken, in order
+        self.version: int | None = None  # the newest adapter version sent
+        self._receive("ready", None, max(self.timeout, 600.0) if start_timeout is None else float(start_timeout))
+
+    def _receive(self, kind: str, step: int | None, timeout: float | None = None):
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self.results.get(timeout=1.0)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RolloutWorkerError(
+                        f"the rollout worker (pid {self.process.pid}) died with exit code {self.process.exitcode}"
+                        + (f" while sampling step {step + 1}" if step is not None else " while starting")
+                        + "; the last checkpoint is intact: resume with trainer.resume=true") from None
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise RolloutWorkerError(
+                        f"the rollout worker sent nothing for {timeout:g} s (rollout.async_timeout)"
+                        + (f" while sampling step {step + 1}" if step is not None else " while starting")
+                        + "; it was stopped; the last checkpoint is intact: resume with trainer.resume=true, or "
+                        "raise rollout.async_timeout") from None
+                continue
+            if message[0] == "error":
+                self.close()
+                raise RolloutWorkerError(f"the rollout worker failed"
+                                         + (f" on step {message[1] + 1}" if message[1] is not None else "")
+                                         + f": {message[2]}")
+            if message[0] != kind:
+                raise RolloutWorkerError(f"the rollout worker answered {message[0]!r} where {kind!r} was due")
+            return message
+
+    def push_weights(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Send the adapter of ``version`` (optimizer steps done); requests submitted after it are sampled with it."""
+        self.requests.put(("weights", int(version), state))
+        self.version = int(version)
+
+    def submit(self, step: int, prompts: PromptBatch, num_samples: int, params: SamplingParams,
+               eos_token_ids: list[int], pad_id: int) -> None:
+        """Ask for the rollout of ``step`` (0-based) of ``prompts`` (on the CPU; the per-prompt seeds in its columns)."""
+        self.requests.put(("sample", int(step), prompts.to("cpu"), int(num_samples), params, list(eos_token_ids),
+                           int(pad_id)))
+        self.pending.append(int(step))
+
+    def take(self, step: int) -> tuple[SequenceBatch, dict[str, float]]:
+        """The rollout of ``step`` and its metrics: ``async/staleness`` (step - the version that drew it, <= k),
+        ``async/wait_seconds`` (how long the trainer waited for it) and ``async/worker_seconds`` (its sampling time).
+
+        Raises:
+            RolloutWorkerError: the worker died, failed, or was silent for ``timeout`` s; the next pending rollout is
+                not this step's (a schedule bug).
+        """
+        if not self.pending or self.pending[0] != step:
+            raise RolloutWorkerError(f"no rollout of step {step + 1} was submitted (pending: {list(self.pending)})")
+        start = time.perf_counter()
+        _, got, version, batch, seconds = self._receive("batch", step)
+        self.pending.popleft()
+        if got != step:
+            raise RolloutWorkerError(f"the rollout worker returned step {got + 1} where step {step + 1} was due")
+        staleness = step - version
+        if staleness > self.max_staleness:  # cannot happen with the schedule of the module docstring
+            raise RolloutWorkerError(f"the rollout of step {step + 1} was drawn {staleness} versions ago, over "
+                                     f"rollout.max_staleness={self.max_staleness}")
+        return batch, {"async/staleness": float(staleness), "async/wait_seconds": time.perf_counter() - start,
+                       "async/worker_seconds": float(seconds)}
+
+    def close(self) -> None:
+        """Stop the worker (a stop message, then terminate if it does not exit within 10 s)."""
+        if self.process.is_alive():
+            try:
+                self.requests.put(("stop",))
+            except (OSError, ValueError):
+                pass
+            self.process.join(10)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(5)
+        for q in (self.requests, self.results):
+            q.cancel_join_thread()
+            q.close()
+
+
+class AsyncEngine:
+    """A rollout engine whose ``sample`` hands out the worker's rollout of the current step (:class:`AsyncRollouts`):
+    put in place of the policy's engine for a training step's rollout only (the evaluation samples the trainer's
+    current weights with the usual engine). ``step`` is set by the trainer before each step; ``last_metrics`` holds
+    the step's ``async/*`` metrics. ``keep_logps=False`` drops the worker's log-probs from the rollout, so that a run
+    that neither corrects nor logs the mismatch does not pay the trainer's extra no-grad pass that comparing them
+    takes."""
+
+    name = "async"
+
+    def __init__(self, rollouts: AsyncRollouts, keep_logps: bool = True):
+        self.rollouts = rollouts
+        self.keep_logps = keep_logps  # False: the worker's log-probs are dropped (no correction, no mismatch pass)
+        self.step = 0
+        self.last_metrics: dict[str, float] = {}
+
+    def sample(self, model, prompts: PromptBatch, num_samples: int, params: SamplingParams, *, eos_token_ids,
+               pad_id: int, generator=None) -> SequenceBatch:
+        batch, self.last_metrics = self.rollouts.take(self.step)
+        if len(batch) != len(prompts) * num_samples or not torch.equal(batch.prompt_ids[::num_samples].cpu(),
+                                                                         prompts.prompt_ids.cpu()):
+            raise RolloutWorkerError(f"the worker's rollout of step {self.step + 1} is of other prompts than the "
+                                     "trainer's (a schedule bug)")
+        if not self.keep_logps:
+            batch.sample_logps = None
+        return batch.to(prompts.prompt_ids.device)

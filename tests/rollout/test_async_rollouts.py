@@ -1,0 +1,168 @@
+"""Asynchronous rollouts with bounded staleness (issue 29, item 2): a worker process samples the next batches with an
+adapter at most ``rollout.max_staleness`` optimizer steps old while the trainer updates.
+
+The schedule (``prefzoo/rollout/async_rollouts.py``'s docstring) makes staleness 0 the synchronous run: the same
+tokens (the worker samples its own merged copy of the same weights, with the same per-prompt seeds, one thread) and
+so the same update, which the first test checks bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from prefzoo.errors import RolloutWorkerError
+from prefzoo.training.loop import Trainer
+from tests.algos.hydra_runs import LETTER_REWARD, TINY_RUN, compose
+from tests.interrupt import run_until_killed
+
+ARGS = ["algo=grpo", LETTER_REWARD, *TINY_RUN, "trainer.max_steps=4", "trainer.lr=0.05", "rollout.temperature=1.0",
+        "eval.before=false", "eval.after=false"]
+
+
+def _run(tmp_path, name, *extra):
+    from safetensors.torch import load_file
+
+    from prefzoo.training.metrics_log import read_metrics
+
+    Trainer(compose([*ARGS, *extra]), tmp_path / name).run()
+    rows = read_metrics(tmp_path / name / "metrics.jsonl")
+    return rows, load_file(tmp_path / name / "adapter" / "adapter_model.safetensors")
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_staleness_zero_is_the_synchronous_update_bit_for_bit_and_staleness_two_is_not(tmp_path):
+    """GRPO on the tiny model, 4 steps: with rollout.asynchronous and max_staleness 0 every step's reward and loss and
+    the final adapter equal the synchronous run's exactly (staleness 0 logged at each step). With max_staleness 2 the
+    rollouts of steps 1..4 were drawn 0, 1, 2, 2 versions ago (the first two with the starting weights), so the run
+    differs from step 2 on and its adapter is not the synchronous one."""
+    sync, a = _run(tmp_path, "sync")
+    zero, b = _run(tmp_path, "zero", "rollout.asynchronous=true", "rollout.max_staleness=0")
+    two, c = _run(tmp_path, "two", "rollout.asynchronous=true", "rollout.max_staleness=2")
+    assert [(r["reward"], r["loss"]) for r in zero] == [(r["reward"], r["loss"]) for r in sync]
+    assert [r["async/staleness"] for r in zero] == [0, 0, 0, 0] and _same(a, b)
+    assert any(r["grad_norm"] > 0 for r in sync)  # (the update is not trivially zero)
+    assert [r["async/staleness"] for r in two] == [0, 1, 2, 2]
+    assert two[0]["reward"] == sync[0]["reward"] and two[1]["reward"] != sync[1]["reward"] and not _same(a, c)
+
+
+def test_a_stale_rollout_is_corrected_against_its_behaviour_policy(tmp_path):
+    """max_staleness 2 with rollout.correction.mode=token_truncate: the worker's log-probs are the behaviour policy's,
+    so the mean ratio pi_trainer / pi_behaviour is 1 (to the merge's rounding, 1e-4) at step 1 (drawn by the current
+    weights) and visibly not at the stale steps 3 and 4, whose weights the correction reports."""
+    rows, _ = _run(tmp_path, "corrected", "rollout.asynchronous=true", "rollout.max_staleness=2",
+                   "rollout.correction.mode=token_truncate")
+    assert abs(rows[0]["correction/ratio_mean"] - 1) < 1e-4 and rows[0]["correction/frac_rejected"] == 0.0
+    assert all(abs(r["correction/ratio_mean"] - 1) > 1e-3 for r in rows[2:])
+    assert all("correction/ess" in r for r in rows)
+
+
+def test_an_asynchronous_run_resumes(tmp_path):
+    """Checkpoint every 2 steps, killed during step 3, resumed: at staleness 0 the resumed run logs the same steps and
+    ends with the same adapter as the uninterrupted one (the in-flight rollout is drawn again from the restored
+    weights, which are the ones it was drawn with). At staleness 1 the in-flight rollouts of steps 3 and 4 are drawn
+    again with the restored weights (step 3's was drawn one version older before): the run continues from the
+    checkpoint with the same rows, four steps logged, staleness at most 1."""
+    from prefzoo.training.metrics_log import read_metrics
+
+    for k in (0, 1):
+        args = [*ARGS, "trainer.save_every=2", "rollout.asynchronous=true", f"rollout.max_staleness={k}"]
+        _, straight = _run(tmp_path, f"straight{k}", "trainer.save_every=2", "rollout.asynchronous=true",
+                           f"rollout.max_staleness={k}")
+        trainer = Trainer(compose(args), tmp_path / f"resumed{k}")
+        run_until_killed(trainer, 3)
+        assert trainer.async_rollouts is None  # the worker was stopped on the way out
+        Trainer(compose([*args, "trainer.resume=true"]), tmp_path / f"resumed{k}").run()
+        from safetensors.torch import load_file
+
+        again = load_file(tmp_path / f"resumed{k}" / "adapter" / "adapter_model.safetensors")
+        rows = read_metrics(tmp_path / f"resumed{k}" / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2, 3, 4] and max(r["async/staleness"] for r in rows) <= k
+        if k == 0:
+            assert _same(straight, again)
+
+
+# ------------------------------------------------------------------------------------------------ worker faults
+class _Engine:
+    def __init__(self, fault):
+        self.fault = fault
+
+    def sample(self, model, prompts, num_samples, params, *, eos_token_ids, pad_id, generator=None):
+        if self.fault == "dies":
+            os._exit(3)
+        if self.fault == "hangs":
+            time.sleep(3600)
+        raise ValueError("the tool server is down")
+
+
+def _faulty(fault):
+    return torch.nn.Linear(2, 2), _Engine(fault)
+
+
+def _cannot_build():
+    raise OSError("no such model folder: /nowhere")
+
+
+def _submit(rollouts):
+    from prefzoo.types import PromptBatch, SamplingParams
+
+    prompts = PromptBatch(torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool), {})
+    rollouts.submit(0, prompts, 2, SamplingParams(), [0], 0)
+
+
+@pytest.mark.parametrize("fault,needle", [
+    ("dies", "the rollout worker (pid"), ("hangs", "sent nothing for 3 s (rollout.async_timeout)"),
+    ("raises", "failed on step 1: ValueError: the tool server is down"),
+])
+def test_a_worker_that_dies_hangs_or_fails_stops_the_run_in_one_line(fault, needle):
+    """The worker exits (code 3), sleeps past the timeout (3 s) or raises while sampling step 1: take() raises one
+    RolloutWorkerError naming what happened and the way to resume, within the timeout; the worker is gone after."""
+    from functools import partial
+
+    from prefzoo.rollout.async_rollouts import AsyncRollouts
+
+    rollouts = AsyncRollouts(partial(_faulty, fault), max_staleness=0, timeout=3, start_timeout=120)
+    _submit(rollouts)
+    start = time.monotonic()
+    with pytest.raises(RolloutWorkerError) as err:
+        rollouts.take(0)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert time.monotonic() - start < 20
+    if fault == "dies":
+        assert "exit code 3" in str(err.value) and "resume with trainer.resume=true" in str(err.value)
+    rollouts.close()
+    assert not rollouts.process.is_alive()
+
+
+def test_a_worker_that_cannot_build_its_model_is_named():
+    from prefzoo.rollout.async_rollouts import AsyncRollouts
+
+    with pytest.raises(RolloutWorkerError, match="OSError: no such model folder: /nowhere"):
+        AsyncRollouts(_cannot_build, max_staleness=0, timeout=3, start_timeout=120)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["rollout.asynchronous=true", "rollout.max_staleness=-1"], "rollout.max_staleness=-1"),
+    (["rollout.asynchronous=true", "env=retry"], "multi-turn episodes run in the trainer's process"),
+    (["rollout.asynchronous=true", "model.lora.enabled=false"], "the worker receives the LoRA adapter"),
+    (["rollout.asynchronous=true", "rollout.async_timeout=0"], "rollout.async_timeout=0.0 is invalid"),
+])
+def test_what_the_worker_cannot_serve_is_refused_before_anything_loads(overrides, needle):
+    from prefzoo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        compose(["algo=grpo", *TINY_RUN, *overrides])
+
+
+def test_the_issues_spelling_names_the_key():
+    from prefzoo.cli import check_renamed_keys
+    from prefzoo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.async was renamed: use rollout.asynchronous"):
+        check_renamed_keys(["algo=grpo", "rollout.async=true"])
