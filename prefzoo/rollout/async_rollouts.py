@@ -126,6 +126,7 @@ class AsyncRollouts:
                         + (f" while sampling step {step + 1}" if step is not None else " while starting")
                         + "; the last checkpoint is intact: resume with trainer.resume=true") from None
                 if time.monotonic() > deadline:
+                    self.process.terminate()  # (a hung worker reads no stop message)
                     self.close()
                     raise RolloutWorkerError(
                         f"the rollout worker sent nothing for {timeout:g} s (rollout.async_timeout)"
