@@ -62,7 +62,7 @@ from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, Pr
 
 __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolicyGradient", "group_relative_advantages",
            "check_group_relative_settings", "check_adaptive_start", "PolicyLoss", "Rollout", "drift_metrics",
-           "sample_and_score", "sample_metrics", "update_metrics", "add_kl_loss", "check_online_settings",
+           "sample_and_score", "sample_metrics", "update_metrics", "add_kl_loss", "bypass_logps", "check_online_settings",
            "check_policy_clip", "online_declaration", "stores_old_logps", "zero_spread_warning", "ZERO_SPREAD_STEPS",
            "engine_correction", "corrected_advantages", "place_rewards"]
 
@@ -299,6 +299,18 @@ def engine_correction(policy: Policy, samples: SequenceBatch, logps: Tensor | No
     return weights, metrics
 
 
+def bypass_logps(samples: SequenceBatch) -> Tensor:
+    """``rollout.correction.bypass``: the sampler's log-probs as log pi_old, Shape (B, T) float32, 0 where masked.
+
+    Raises:
+        ConfigError: the rollout came back without the sampler's log-probs.
+    """
+    if samples.sample_logps is None:
+        raise ConfigError("rollout.correction.bypass=true needs a sampler that reports its log-probs, and this "
+                          "rollout came back without them; use rollout.engine=vllm or rollout.log_mismatch=true.")
+    return samples.sample_logps.float().masked_fill(~samples.completion_mask, 0.0)
+
+
 def corrected_advantages(advantages: Tensor, is_weights: Tensor | None) -> Tensor:
     """Per-token advantages times the sampler correction's importance weights (unchanged when None).
 
@@ -342,12 +354,9 @@ def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_sa
     rewards = score(samples, prompts).float()
     mask = samples.completion_mask
     bypass = sampling.correction.bypass
-    if bypass and samples.sample_logps is None:
-        raise ConfigError("rollout.correction.bypass=true needs a sampler that reports its log-probs, and this "
-                          "rollout came back without them; use rollout.engine=vllm or rollout.log_mismatch=true.")
     need_logps = need_logps or (samples.sample_logps is not None and not bypass)
     if bypass:
-        logps = samples.sample_logps.float().masked_fill(~mask, 0.0)
+        logps = bypass_logps(samples)
     else:
         logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
     ref_logps = policy.ref_logps(samples, sampling.temperature) if policy.reference is not None else None

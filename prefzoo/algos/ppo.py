@@ -72,7 +72,7 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.online import (add_kl_loss, check_adaptive_start, corrected_advantages, drift_metrics,
+from prefzoo.algos.online import (add_kl_loss, bypass_logps, check_adaptive_start, corrected_advantages, drift_metrics,
                                   engine_correction, place_rewards, sample_metrics)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
@@ -145,10 +145,7 @@ class PPO(Algorithm):
         old_logps, entropy, old_values = policy.logps_and_values(samples, temperature, with_entropy=True)
         old_values = old_values.float()
         if self.sampling.correction.bypass:  # the sampler's log-probs are log pi_old (rollout.correction.bypass)
-            if samples.sample_logps is None:
-                raise ConfigError("rollout.correction.bypass=true needs a sampler that reports its log-probs; use "
-                                  "rollout.engine=vllm or rollout.log_mismatch=true.")
-            old_logps = samples.sample_logps.float().masked_fill(~mask, 0.0)
+            old_logps = bypass_logps(samples)
         ref_logps = policy.ref_logps(samples, temperature)
         t3 = time.perf_counter()
 

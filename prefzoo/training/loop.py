@@ -128,6 +128,11 @@ class Trainer:
     :func:`~prefzoo.training.plugin.build_algorithm`).
     """
 
+    #: rollout.asynchronous: the worker, started in :meth:`run` after a resume (None: synchronous rollouts), and a
+    #: checkpoint's rows already requested from it (their step, rows)
+    async_rollouts = None
+    resumed_ahead: list | None = None
+
     def __init__(self, cfg: Config, run_dir: Path, dp: DataParallel | None = None, folder: RunFolder | None = None,
                  algo: Algorithm | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
@@ -208,9 +213,7 @@ class Trainer:
 
             raise ConfigError("rollout.asynchronous=true runs one rollout worker beside one trainer; data parallelism "
                               "(several processes) is not supported with it yet: drop one of the two.")
-        self.async_rollouts = None  # rollout.asynchronous: the worker (started in run(), after a resume)
         self.async_ahead: list[tuple[int, list[int]]] = []  # (step, rows) submitted to the worker, in order
-        self.resumed_ahead: list | None = None  # a checkpoint's async_ahead
         self.kl_spent: float | None = None  # the latest KL(pi || pi_ref) measurement, nats per sequence
         self.eval_history: list[dict] = []  # {"step", numeric evaluation metrics...}: before, every N steps, after
         self.train_seconds = 0.0  # time in training steps (rollouts and updates), evaluations excluded
@@ -228,10 +231,10 @@ class Trainer:
 
     def next_batch(self) -> tuple[Batch, dict]:
         """This process's share of the step's global batch (all of it in one process)."""
-        if getattr(self, "async_rollouts", None) is not None:
+        if self.async_rollouts is not None:
             return self.async_batch()
         # rows an asynchronous run had drawn ahead before its checkpoint come first (resumed synchronously)
-        idx = self.resumed_ahead.pop(0)[1] if getattr(self, "resumed_ahead", None) else self.sampler.next()
+        idx = self.resumed_ahead.pop(0)[1] if self.resumed_ahead else self.sampler.next()
         start, stop = shard_range(len(idx), self.dp.rank, self.dp.world_size)
         idx = idx[start:stop]
         if self.declaration.online:
@@ -351,7 +354,7 @@ class Trainer:
         out.update(mean_metrics(pairs))  # per-token metrics: token means of the global batch (sums / counts)
         out.update(self.algo.after_step(out, n_global))
         out["beta"] = self.algo.beta
-        if getattr(self, "async_rollouts", None) is not None:
+        if self.async_rollouts is not None:
             self.after_update_async()
         return out
 
@@ -365,7 +368,7 @@ class Trainer:
                 "kl_spent": self.kl_spent, "eval_history": self.eval_history, "train_seconds": self.train_seconds,
                 "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
                 "optimizer_steps": self.optimizer_steps,
-                "async_ahead": list(self.async_ahead) if getattr(self, "async_rollouts", None) is not None else None,
+                "async_ahead": list(self.async_ahead) if self.async_rollouts is not None else None,
                 "value_model": self.policy.value_model.state_dict() if self.policy.value_model is not None else None}
 
     def maybe_resume(self) -> bool:
