@@ -131,6 +131,7 @@ class ObjectiveConfig:
     kl_target: Optional[float] = None  # nats per sequence, for the adaptive controller
     kl_horizon: int = 10000
     kl_budget: Optional[float] = None  # stop once KL(pi || pi_ref) reaches this many nats per sequence (the KL spent)
+    kl_bias_correction: bool = False  # the KL-as-loss term times pi/pi_old (its gradient the reverse KL's: kl.kl_loss)
 
 
 @dataclass
@@ -396,6 +397,10 @@ def validate(cfg: Config) -> Config:
         _positive("objective.kl_horizon", o.kl_horizon)
     if o.kl_budget is not None:
         _positive("objective.kl_budget", o.kl_budget)
+    if o.kl_bias_correction and o.kl_placement != "as_loss":
+        raise ConfigError(f"objective.kl_bias_correction=true weighs the KL term of the loss, and this run puts the KL "
+                          f"in the reward (objective.kl_placement={o.kl_placement}, algo={cfg.algo.name}); set "
+                          "objective.kl_placement=as_loss, or drop the correction.")
     _choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
     if m.compute_dtype is not None:
         _choice("model.compute_dtype", m.compute_dtype, ("float32", "bfloat16", "float16"))
@@ -606,6 +611,7 @@ def resolve_objective(cfg: Config) -> ObjectiveSettings:
         beta=float(o.beta), divergence=o.divergence, alpha=o.alpha,
         kl_estimator=o.kl_estimator, kl_placement=o.kl_placement,
         kl_controller=o.kl_controller, kl_target=o.kl_target, kl_horizon=o.kl_horizon,
+        kl_bias_correction=o.kl_bias_correction,
     )
 
 

@@ -537,5 +537,6 @@ class ObjectiveSettings:
     kl_controller: str = "fixed"
     kl_target: float | None = None
     kl_horizon: int = 10000
+    kl_bias_correction: bool = False
 
 

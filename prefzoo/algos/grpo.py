@@ -18,6 +18,10 @@ Choices exposed (and where they come from):
   ``dr_grpo`` (sum over tokens / a constant = max_new_tokens), ``dapo`` (mean over all tokens of the
   batch, Yu et al. 2025 eq. 8);
 * ``clip_eps_low`` / ``clip_eps_high``: DAPO's decoupled clip ("clip-higher");
+* ``policy_loss``: ``clipped`` (PPO's clip, eq. 3) or a surrogate without it: ``dppo_tv`` / ``dppo_kl`` (DPPO's
+  divergence mask), ``sapo`` (SAPO's soft gate), ``dro`` (DRO's quadratic penalty), with their settings
+  (:class:`~prefzoo.algos.online.TrustRegionConfig`, :func:`~prefzoo.algos.online.trust_region_policy_loss`);
+  ``scale_rewards=mean`` is MaxRL's advantage (r - mean) / mean;
 * ``epochs`` (mu in the paper, TRL's ``num_iterations``): passes over each rollout, each split into
   ``num_minibatches`` optimizer steps; with more than one optimizer step per rollout, the policy's log-probs at
   sampling time are stored as ``old_logps`` (with one, old_logps = logps.detach(), so the ratio is exactly 1);
@@ -50,17 +54,19 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (GroupRelativeConfig, OnlinePolicyGradient, PolicyLoss, check_group_relative_settings,
-                                  check_policy_clip, group_relative_advantages)
-from prefzoo.objective import clipped_surrogate_loss
+from prefzoo.algos.online import (GroupRelativeConfig, OnlinePolicyGradient, PolicyLoss, TrustRegionConfig,
+                                  check_group_relative_settings, check_policy_clip, check_trust_region,
+                                  group_relative_advantages, trust_region_policy_loss)
+from prefzoo.objective import TRUST_REGION_LOSSES
 from prefzoo.types import Experience, ObjectiveSettings
 
 
 @dataclass
-class GRPOConfig(GroupRelativeConfig):
+class GRPOConfig(GroupRelativeConfig, TrustRegionConfig):
     name: str = "grpo"
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2  # DAPO uses 0.28
+    policy_loss: str = "clipped"  # clipped | dppo_tv | dppo_kl | sapo | dro
 
 
 @register
@@ -74,8 +80,8 @@ class GRPO(OnlinePolicyGradient):
     def validate_settings(cfg: GRPOConfig, objective: ObjectiveSettings) -> None:
         check_group_relative_settings(cfg, objective)
         check_policy_clip(cfg)
+        check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
 
     def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
-        """PPO's clipped surrogate per token (eq. 3), with DAPO's decoupled clip."""
-        return PolicyLoss(*clipped_surrogate_loss(logps, old_logps, batch.advantages, batch.loss_mask,
-                                                  self.cfg.clip_eps_low, self.cfg.clip_eps_high))
+        """PPO's clipped surrogate per token (eq. 3), with DAPO's decoupled clip; or ``algo.policy_loss``'s."""
+        return trust_region_policy_loss(self.cfg, logps, old_logps, batch)

@@ -54,9 +54,10 @@ from torch import Tensor
 
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (ADVANTAGE_SCALES, add_sequence_reward, correction_metrics, correction_weights,
-                               group_advantages, kl_loss, kl_penalty_rewards, masked_sum, ratio_statistics,
-                               sampler_mismatch, sequence_kl)
+from prefzoo.objective import (ADVANTAGE_SCALES, TRUST_REGION_LOSSES, add_sequence_reward, clipped_surrogate_loss,
+                               correction_metrics, correction_weights, dppo_loss, dro_loss, group_advantages, kl_loss,
+                               kl_penalty_rewards, masked_sum, ratio_statistics, sampler_mismatch, sapo_loss,
+                               sequence_kl)
 from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
                            SequenceBatch, episode_metrics)
 
@@ -64,7 +65,8 @@ __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolic
            "check_group_relative_settings", "check_adaptive_start", "PolicyLoss", "Rollout", "drift_metrics",
            "sample_and_score", "sample_metrics", "update_metrics", "add_kl_loss", "bypass_logps", "check_online_settings",
            "check_policy_clip", "online_declaration", "stores_old_logps", "zero_spread_warning", "ZERO_SPREAD_STEPS",
-           "engine_correction", "corrected_advantages", "place_rewards"]
+           "engine_correction", "corrected_advantages", "place_rewards", "TrustRegionConfig", "check_trust_region",
+           "trust_region_policy_loss", "DPPO_DELTA"]
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
 #: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
@@ -161,6 +163,75 @@ def check_policy_clip(cfg) -> None:
     if not 0 <= cfg.clip_eps_low < 1 or cfg.clip_eps_high < 0:
         raise ConfigError(f"algo.clip_eps_low={cfg.clip_eps_low} must be in [0, 1) and algo.clip_eps_high="
                           f"{cfg.clip_eps_high} >= 0.")
+
+
+#: ``algo.dppo_delta``'s default per divergence: the DPPO paper's recipe (verl's example: TV 0.15, binary KL 0.05)
+DPPO_DELTA = {"dppo_tv": 0.15, "dppo_kl": 0.05}
+
+
+@dataclass
+class TrustRegionConfig:
+    """The settings of the surrogates a member with PPO's per-token clip can use instead (``algo.policy_loss``:
+    GRPO, RLOO, REINFORCE++), :func:`trust_region_policy_loss`. Mixed into the member's config.
+
+    Attributes:
+        dppo_delta: DPPO's divergence threshold (both signs); None: :data:`DPPO_DELTA` of the chosen divergence.
+        dppo_ratio_cap: DPPO's truncation of the (detached) ratio that weighs a kept token.
+        sapo_temperature_pos / sapo_temperature_neg: SAPO's gate temperatures for A > 0 / A < 0.
+        dro_beta: DRO's quadratic penalty on log pi - log pi_old (not ``objective.beta``, the KL to pi_ref).
+    """
+
+    dppo_delta: float | None = None
+    dppo_ratio_cap: float = 1e4
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    dro_beta: float = 0.05
+
+
+def check_trust_region(cfg, losses: tuple[str, ...]) -> None:
+    """``algo.policy_loss`` one of ``losses`` (the member's own and :data:`prefzoo.objective.TRUST_REGION_LOSSES`), and
+    the chosen surrogate's settings in range. ``clip`` is refused with the spelling prefzoo uses (``clipped``).
+
+    Raises:
+        ConfigError: naming the key and its valid values.
+    """
+    name = cfg.policy_loss
+    if name == "clip":
+        raise ConfigError("algo.policy_loss=clip: prefzoo spells PPO's ratio clip 'clipped' (as RLOO's and TRL's "
+                          "names for it); write algo.policy_loss=clipped.")
+    if name not in losses:
+        raise ConfigError(f"algo.policy_loss={name!r}; choose one of {', '.join(losses)}.")
+    if name.startswith("dppo") and ((cfg.dppo_delta is not None and not cfg.dppo_delta > 0) or not cfg.dppo_ratio_cap > 0):
+        raise ConfigError(f"algo.dppo_delta={cfg.dppo_delta} and algo.dppo_ratio_cap={cfg.dppo_ratio_cap} must be > 0 "
+                          f"(null: {DPPO_DELTA[name]}, the paper's for {name}).")
+    if name == "sapo" and not (cfg.sapo_temperature_pos > 0 and cfg.sapo_temperature_neg > 0):
+        raise ConfigError(f"algo.sapo_temperature_pos={cfg.sapo_temperature_pos} and algo.sapo_temperature_neg="
+                          f"{cfg.sapo_temperature_neg} must be > 0 (the paper's: 1.0 and 1.05).")
+    if name == "dro" and not cfg.dro_beta >= 0:
+        raise ConfigError(f"algo.dro_beta={cfg.dro_beta} must be >= 0 (Tinker's example: 0.05).")
+
+
+def trust_region_policy_loss(cfg, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+    """The per-token loss ``cfg.policy_loss`` names: ``clipped`` (PPO's clip, :func:`prefzoo.objective.clipped_surrogate_loss`
+    with ``clip_eps_low`` / ``clip_eps_high``) or one of :data:`prefzoo.objective.TRUST_REGION_LOSSES`: ``dppo_tv`` /
+    ``dppo_kl`` (:func:`prefzoo.objective.dppo_loss`; ``clip_fraction`` = the tokens its mask dropped), ``sapo``
+    (:func:`prefzoo.objective.sapo_loss`; ``clip_fraction`` = tokens whose gate weight fell below 1/2, and
+    ``gate_weight_mean``), ``dro`` (:func:`prefzoo.objective.dro_loss`; ``clip_fraction`` = tokens past the point where
+    the penalty outweighs the advantage). All equal REINFORCE's gradient on a rollout's first pass (ratio 1), so with
+    one optimizer step per rollout they differ from ``clipped`` only in the loss's logged value; they part from it on
+    the later mini-batches and epochs. Shapes: (B, T)."""
+    mask, a, name = batch.loss_mask, batch.advantages, cfg.policy_loss
+    if name == "clipped":
+        return PolicyLoss(*clipped_surrogate_loss(logps, old_logps, a, mask, cfg.clip_eps_low, cfg.clip_eps_high))
+    if name in ("dppo_tv", "dppo_kl"):
+        delta = DPPO_DELTA[name] if cfg.dppo_delta is None else cfg.dppo_delta
+        return PolicyLoss(*dppo_loss(logps, old_logps, a, mask, name[5:], delta, delta, cfg.dppo_ratio_cap))
+    if name == "sapo":
+        per_token, weight, low = sapo_loss(logps, old_logps, a, mask, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg)
+        return PolicyLoss(per_token, low, tokens={"gate_weight_mean": (float(masked_sum(weight, mask)), float(mask.sum()))})
+    if name == "dro":
+        return PolicyLoss(*dro_loss(logps, old_logps, a, mask, cfg.dro_beta))
+    raise ConfigError(f"algo.policy_loss={name!r}; choose clipped or one of {', '.join(TRUST_REGION_LOSSES)}.")
 
 
 def stores_old_logps(epochs: int, num_minibatches: int) -> bool:
@@ -402,7 +473,7 @@ def update_metrics(logps: Tensor, old_logps: Tensor, mask: Tensor, clipped: Tens
 
 def add_kl_loss(per_token: Tensor, logps: Tensor, ref_logps: Tensor | None, mask: Tensor, beta: float,
                 objective: ObjectiveSettings, tokens: dict[str, tuple[float, float]],
-                weights: Tensor | None = None) -> Tensor:
+                weights: Tensor | None = None, old_logps: Tensor | None = None) -> Tensor:
     """``per_token + beta * w * k(log pi/pi_ref)`` when the objective puts the KL in the loss (beta > 0), logging
     ``kl_loss`` (the term's token mean, unweighted); ``per_token`` unchanged otherwise.
 
@@ -413,7 +484,8 @@ def add_kl_loss(per_token: Tensor, logps: Tensor, ref_logps: Tensor | None, mask
     term corrected (the off-policy rows of the conformance table). TRL 1.16 leaves the KL term unweighted."""
     if not (beta > 0 and objective.kl_placement == "as_loss"):
         return per_token
-    kl_tokens = kl_loss(logps, ref_logps, mask, objective.kl_estimator)
+    kl_tokens = kl_loss(logps, ref_logps, mask, objective.kl_estimator,
+                        old_logps if objective.kl_bias_correction else None)
     tokens["kl_loss"] = (float(masked_sum(kl_tokens.detach(), mask)), float(mask.sum()))
     if weights is not None:
         kl_tokens = kl_tokens * weights.detach().to(kl_tokens.dtype)
@@ -501,5 +573,5 @@ class OnlinePolicyGradient(Algorithm):
         metrics.update(out.metrics)
         tokens.update(out.tokens)
         per_token = add_kl_loss(out.per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
-                                batch.sample_weights)
+                                batch.sample_weights, old_logps)
         return LossOutput(per_token, mask, metrics, tokens)

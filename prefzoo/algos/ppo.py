@@ -197,7 +197,7 @@ class PPO(Algorithm):
                        "value_loss": (float(masked_sum(value_loss.detach(), mask)), n),
                        "value_clip_fraction": (float((value_clipped & mask).sum()), n)})
         per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
-                                batch.sample_weights)
+                                batch.sample_weights, batch.old_logps)
         return LossOutput(per_token, mask, {}, tokens)
 
     def after_step(self, metrics: dict[str, float], num_samples: int) -> dict[str, float]:

@@ -41,17 +41,18 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, check_online_settings,
-                                  check_policy_clip, online_declaration, place_rewards)
+from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, TrustRegionConfig,
+                                  check_online_settings, check_policy_clip, check_trust_region, online_declaration,
+                                  place_rewards, trust_region_policy_loss)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import clipped_surrogate_loss, gae, group_advantages, masked_var, masked_whiten
+from prefzoo.objective import TRUST_REGION_LOSSES, gae, group_advantages, masked_var, masked_whiten
 from prefzoo.types import Experience, ObjectiveSettings
 
 BASELINES = ("none", "group")
 
 
 @dataclass
-class ReinforcePPConfig(OnlineConfig):
+class ReinforcePPConfig(OnlineConfig, TrustRegionConfig):
     name: str = "reinforce_pp"
     default_beta: float = 0.01  # OpenRLHF's init_kl_coef
     num_samples: int = 4  # completions per prompt
@@ -59,6 +60,7 @@ class ReinforcePPConfig(OnlineConfig):
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     loss_aggregation: str = "dapo"  # grpo | dr_grpo | dapo
+    policy_loss: str = "clipped"  # clipped | dppo_tv | dppo_kl | sapo | dro (online.trust_region_policy_loss)
 
 
 @register
@@ -76,6 +78,7 @@ class ReinforcePP(OnlinePolicyGradient):
                               "(the group mean is the baseline).")
         check_online_settings(cfg, objective)
         check_policy_clip(cfg)
+        check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
 
     def declare(self):
         # only the group baseline makes a group of equal rewards a zero advantage (the batch baseline whitens all rows)
@@ -94,5 +97,4 @@ class ReinforcePP(OnlinePolicyGradient):
         return advantages, {"return_std": float(masked_var(returns, mask)) ** 0.5}
 
     def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
-        return PolicyLoss(*clipped_surrogate_loss(logps, old_logps, batch.advantages, batch.loss_mask,
-                                                  self.cfg.clip_eps_low, self.cfg.clip_eps_high))
+        return trust_region_policy_loss(self.cfg, logps, old_logps, batch)

@@ -20,7 +20,10 @@ tokens of y_i, and the loss ``policy_loss``:
   TRL 1.16's RLOOTrainer. With ``loss_aggregation=grpo`` the loss is TRL's, the mean over completions of
   -min(s A, clip(s) A).
 
-Both clipped losses allow ``epochs`` / ``num_minibatches`` > 1 (the log-probs at sampling time are then stored as
+``dppo_tv``, ``dppo_kl``, ``sapo``, ``dro``: the surrogates without the ratio clip
+(:func:`prefzoo.algos.online.trust_region_policy_loss`, GRPO's choices too).
+
+Both clipped losses (and those four) allow ``epochs`` / ``num_minibatches`` > 1 (the log-probs at sampling time are then stored as
 ``old_logps``). With one optimizer step per rollout all three have the same gradient direction per completion (the
 ratio is exactly 1); ``clipped_sequence``'s is sum_t grad log pi(y_t) per completion (the paper's sequence-level
 estimator) where the other two, under ``loss_aggregation=grpo``, average it over the tokens.
@@ -46,22 +49,24 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, check_online_settings,
-                                  check_policy_clip)
+from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, TrustRegionConfig,
+                                  check_online_settings, check_policy_clip, check_trust_region,
+                                  trust_region_policy_loss)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (clipped_surrogate_loss, leave_one_out_advantages, masked_sum,
+from prefzoo.objective import (TRUST_REGION_LOSSES, leave_one_out_advantages, masked_sum,
                                sequence_clipped_surrogate_loss, sequence_log_ratio, weighted_policy_gradient_loss)
 from prefzoo.types import Experience, ObjectiveSettings
 
-POLICY_LOSSES = ("reinforce", "clipped", "clipped_sequence")
+POLICY_LOSSES = ("reinforce", "clipped", "clipped_sequence", *TRUST_REGION_LOSSES)
 
 
 @dataclass
-class RLOOConfig(OnlineConfig):
+class RLOOConfig(OnlineConfig, TrustRegionConfig):
     name: str = "rloo"
     default_beta: float = 0.05  # TRL's RLOOConfig kl_coef
     num_samples: int = 4  # k, completions per prompt
-    policy_loss: str = "reinforce"  # reinforce | clipped (per-token ratio) | clipped_sequence (TRL 1.16's)
+    policy_loss: str = "reinforce"  # reinforce | clipped (per-token ratio) | clipped_sequence (TRL 1.16's) | dppo_tv
+    # | dppo_kl | sapo | dro (online.trust_region_policy_loss)
     clip_eps_low: float = 0.2  # policy_loss=clipped / clipped_sequence only
     clip_eps_high: float = 0.2
 
@@ -76,8 +81,7 @@ class RLOO(OnlinePolicyGradient):
     @staticmethod
     def validate_settings(cfg: RLOOConfig, objective: ObjectiveSettings) -> None:
         check_online_settings(cfg, objective, min_samples=2, why="the others are each one's baseline")
-        if cfg.policy_loss not in POLICY_LOSSES:
-            raise ConfigError(f"algo.policy_loss={cfg.policy_loss!r}; choose one of {', '.join(POLICY_LOSSES)}.")
+        check_trust_region(cfg, POLICY_LOSSES)
         if cfg.policy_loss == "reinforce" and cfg.epochs * cfg.num_minibatches > 1:
             raise ConfigError(f"algo.policy_loss=reinforce with algo.epochs={cfg.epochs} and algo.num_minibatches="
                               f"{cfg.num_minibatches}: REINFORCE has no importance correction, so it takes one "
@@ -92,9 +96,8 @@ class RLOO(OnlinePolicyGradient):
         c, mask = self.cfg, batch.loss_mask
         if c.policy_loss == "reinforce":
             return PolicyLoss(weighted_policy_gradient_loss(logps, batch.advantages, mask), torch.zeros_like(mask))
-        if c.policy_loss == "clipped":
-            return PolicyLoss(*clipped_surrogate_loss(logps, old_logps, batch.advantages, mask, c.clip_eps_low,
-                                                      c.clip_eps_high))
+        if c.policy_loss != "clipped_sequence":
+            return trust_region_policy_loss(c, logps, old_logps, batch)
         per_token, clipped = sequence_clipped_surrogate_loss(logps, old_logps, batch.advantages, mask, c.clip_eps_low,
                                                              c.clip_eps_high, length_normalised=False)
         used = sequence_log_ratio(logps, old_logps, mask, length_normalised=False).detach().exp()[:, None]

@@ -20,7 +20,8 @@ Map (one idea per module):
                     (beta as its Lagrange multiplier)
     advantages.py   group-relative advantages (GRPO / Dr. GRPO), leave-one-out (RLOO), GAE (PPO), the sequence
                     reward on the last token
-    surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance
+    surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance; DPPO's
+                    divergence mask, SAPO's soft gate, DRO's quadratic penalty (no ratio clip)
     importance.py   GSPO's sequence ratio (and GSPO-token's) and the sequence-level clip, CISPO's clipped IS weight,
                     -sg(w) A log pi, a sampler's log-prob mismatch and the weights that correct it (truncated or
                     masked, per token or per sequence: TIS, MIS, IcePop)
@@ -83,7 +84,8 @@ from .reduce import AGGREGATIONS, aggregate_loss, loss_normaliser
 from .odds import log_odds, log_odds_ratio
 from .prospect import kto_loss
 from .pairwise import PAIRWISE_LOSSES, PairScores, bradley_terry_loss, pairwise_loss
-from .surrogate import clipped_surrogate_loss, clipped_value_loss, explained_variance, ratio_statistics
+from .surrogate import (TRUST_REGION_LOSSES, clipped_surrogate_loss, clipped_value_loss, dppo_loss, dro_loss,
+                        explained_variance, ratio_statistics, sapo_loss)
 from .importance import (CORRECTION_MODES, clipped_is_weight, correction_log_ratio, correction_metrics,
                          correction_weights, gspo_token_log_ratio, sampler_mismatch, sequence_clipped_surrogate_loss,
                          sequence_log_ratio, weighted_policy_gradient_loss)

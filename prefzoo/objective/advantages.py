@@ -25,7 +25,7 @@ from .errors import (
 
 __all__ = ["ADVANTAGE_SCALES", "group_advantages", "leave_one_out_advantages", "gae", "add_sequence_reward"]
 
-ADVANTAGE_SCALES = ("group", "batch", "none")
+ADVANTAGE_SCALES = ("group", "batch", "none", "mean")
 
 # Rewards of one group that differ by no more than this many units in the last place (of float32,
 # or of the input dtype if finer, relative to the group's largest magnitude) are treated as
@@ -48,6 +48,13 @@ def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
         scale="group":  A = (r - mean_g) / (std_g + eps)      (GRPO)
         scale="batch":  A = (r - mean_g) / (std_B + eps)      std_B: unbiased std of all rewards
         scale="none":   A = r - mean_g                        (Dr. GRPO)
+        scale="mean":   A = (r - mean_g) / (mean_g + eps)     (MaxRL); 0 for a group with mean_g <= 0
+
+    MaxRL: for rewards r >= 0, E[(r - mean) grad log pi] / mean = grad E[r] / E[r] = grad log E[r] (to the baseline's
+    (G-1)/G factor): the update follows the log of the expected reward (for a 0/1 reward, the log pass rate: the
+    maximum-likelihood objective of the correct answer), so the prompts a policy rarely solves weigh more. A group
+    whose mean is <= 0 gets advantage 0: for 0/1 rewards it is all wrong (no signal), and a negative mean would flip
+    the advantages' signs (prime-rl sets them to 0 likewise; SkyRL divides by mean + 1e-6 whatever its sign).
 
     Robustness: the centring is done in float64, and a group whose rewards differ by at most
     8 ulps (of float32, or of float64 for float64 rewards; relative to the group's largest
@@ -75,7 +82,8 @@ def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
 
     Source: Shao et al. 2024, "DeepSeekMath", sec. 4.1.2 (outcome supervision: the normalised
     reward is the advantage of every token), used in the GRPO objective eq. 3; Liu et al. 2025,
-    "Understanding R1-Zero-Like Training: A Critical Perspective" (Dr. GRPO: no std division).
+    "Understanding R1-Zero-Like Training: A Critical Perspective" (Dr. GRPO: no std division);
+    Maximum Likelihood Reinforcement Learning (MaxRL, 2026) for scale="mean", as prime-rl and SkyRL ship it.
     """
     check_ndim("rewards", rewards, 1, "(B,) — one reward per completion")
     if not rewards.is_floating_point():
@@ -110,6 +118,9 @@ def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
         else:
             std = _global_std(r.reshape(-1), all_reduce)
         advantages = _scaled(centred, std + eps)
+    elif scale == "mean":
+        mean = r.mean(dim=1, keepdim=True)
+        advantages = torch.where(mean > 0, _scaled(centred, mean + eps), torch.zeros_like(centred))
     else:
         advantages = centred
     return advantages.reshape(-1).to(rewards.dtype)

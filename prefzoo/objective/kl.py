@@ -179,6 +179,7 @@ def kl_loss(
     ref_logps: torch.Tensor,
     mask: torch.Tensor,
     estimator: str = "k3",
+    old_logps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token KL term to add to the loss ("as_loss" placement, GRPO style).
 
@@ -189,7 +190,20 @@ def kl_loss(
     default k3 (GRPO's choice) has the gradient of the forward KL KL(pi_ref||pi), and k1 has
     zero expected gradient.
 
-    Shape: logps (B, T), ref_logps (B, T), mask (B, T) bool -> (B, T); B = sequences,
+    The bias correction (``old_logps`` given: ``objective.kl_bias_correction``): the term is multiplied by the
+    importance ratio rho = pi_theta / pi_old = exp(logps - old_logps), WITH its gradient. The samples come from
+    pi_old, so E_old[rho k] = E_theta[k], and
+
+        grad E_old[rho k3] = E_old[rho (k3 grad log pi + grad k3)] = E_theta[k3 grad log pi + grad k3]
+                           = grad E_theta[k3] = grad KL(pi_theta || pi_ref)
+
+    (the score-function identity; k3 is unbiased for the reverse KL under pi_theta), on-policy (rho = 1) and off
+    it, where the plain k3 loss follows E_theta[grad k3] = grad KL(pi_ref || pi_theta), the forward KL's. So k3 as a loss with the correction reaches the reverse-KL
+    optimum pi* (the conformance table's row), the property TRL 1.16 turns on by default
+    (``use_bias_correction_kl=True``; DeepSeek-V3.2's unbiased KL estimate). It changes the gradient even on-policy
+    (rho's gradient), not the value there (rho = 1).
+
+    Shape: logps (B, T), ref_logps (B, T), mask (B, T) bool, old_logps (B, T) or None -> (B, T); B = sequences,
     T = completion token positions.
     Units: nats.
 
@@ -197,12 +211,16 @@ def kl_loss(
         ObjectiveError: shape mismatch (both shapes named); mask not bool; unknown estimator.
 
     Source: Shao et al. 2024 (DeepSeekMath), eq. 4 (the k3 term in the GRPO loss); estimators
-    from Schulman 2020; placement analysis from Liu et al. 2025 (arXiv:2510.01555).
+    from Schulman 2020; placement analysis from Liu et al. 2025 (arXiv:2510.01555); the bias correction from
+    DeepSeek-AI 2025 (DeepSeek-V3.2, the unbiased KL estimate) as TRL 1.16 implements it.
     """
     check_same_shape("logps", logps, "ref_logps", ref_logps)
     check_mask(mask, logps, "logps")
     check_choice("estimator", estimator, ESTIMATORS)
     per_token = kl_estimate(logps - ref_logps.detach(), estimator)
+    if old_logps is not None:
+        check_same_shape("logps", logps, "old_logps", old_logps)
+        per_token = per_token * torch.exp(logps - old_logps.detach())
     return torch.where(mask, per_token, torch.zeros_like(per_token))
 
 

@@ -1,4 +1,5 @@
-"""PPO's clipped surrogate objective (with DAPO's asymmetric clip) and clipped value loss.
+"""PPO's clipped surrogate objective (with DAPO's asymmetric clip) and clipped value loss; the surrogates that
+replace the ratio clip (DPPO's divergence mask, SAPO's soft gate, DRO's quadratic penalty).
 
 Both functions return the per-token LOSS (= -objective for the policy) with zeros at masked
 positions, plus a bool tensor saying where clipping was active; reduce them with
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ObjectiveError, check_mask, check_ndim, check_number, check_same_shape
+from .errors import ObjectiveError, check_choice, check_mask, check_ndim, check_number, check_same_shape
 
-__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "explained_variance", "ratio_statistics"]
+__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "explained_variance", "ratio_statistics",
+           "TRUST_REGION_LOSSES", "dppo_loss", "sapo_loss", "dro_loss"]
 
 
 def clipped_surrogate_loss(
@@ -169,3 +171,156 @@ def ratio_statistics(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.T
             "ratio_mean": (float(masked_sum(is_log_ratio.exp(), mask)), count),
             "approx_kl": (float(masked_sum(kl_estimate(-is_log_ratio, "k3"), mask)), count),
         }
+
+
+# ------------------------------------------------------------------------ surrogates without PPO's ratio clip
+#: the per-token policy losses a group-sampling plugin can choose with ``algo.policy_loss`` besides PPO's clip
+TRUST_REGION_LOSSES = ("dppo_tv", "dppo_kl", "sapo", "dro")
+
+
+def _token_advantages(advantages: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
+    if advantages.dim() == 1 and advantages.shape[0] == logps.shape[0]:
+        return advantages.detach()[:, None].expand_as(logps)
+    if advantages.shape != logps.shape:
+        raise ObjectiveError(f"advantages has shape {tuple(advantages.shape)} but logps has shape "
+                             f"{tuple(logps.shape)}; advantages must be (B,) per sequence or (B, T) per token")
+    return advantages.detach()
+
+
+def _checked(logps, old_logps, mask):
+    check_ndim("logps", logps, 2, "(B, T)")
+    check_same_shape("logps", logps, "old_logps", old_logps)
+    check_mask(mask, logps, "logps")
+
+
+def dppo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              divergence: str, delta_low: float, delta_high: float, ratio_cap: float = 1e4
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss of DPPO (Divergence Proximal Policy Optimization): a policy gradient whose trust region is a
+    mask on a divergence between pi_old and pi_theta at the sampled token, in place of PPO's ratio clip.
+
+    With p = pi_theta(y_t), q = pi_old(y_t) (the token's probabilities; the "binary" approximation treats each
+    position's distribution as {y_t, not y_t}), rho = p / q and A the advantage:
+
+        divergence="tv":  the signed binary total variation p - q; a token is dropped when
+                          A > 0 and p - q > delta_high, or A < 0 and p - q < -delta_low
+        divergence="kl":  the binary KL  D = q log(q/p) + (1-q) log((1-q)/(1-p)); a token is dropped when
+                          D > delta (delta_high for A > 0, delta_low for A < 0) and p moved in A's direction
+                          (p > q for A > 0, p < q for A < 0)
+        loss = -A * sg(min(rho, ratio_cap)) * log p * keep,   keep = 0 on a dropped token, else 1
+
+    The gradient of a kept token is -A min(rho, C) grad log p, which for rho < C is PPO's unclipped gradient
+    -A grad rho; a dropped token gives none (as a clipped one in PPO), but the mask depends on how far the
+    PROBABILITY moved, not the ratio, so rare tokens (small q) may move by large ratios and common ones are held
+    close (the paper's argument against ratio clipping). At the first pass (p = q) nothing is dropped and the loss's
+    gradient is REINFORCE's: -A grad log p. A (B,) advantage is broadcast over T. 0 where masked; ``dropped`` is the
+    mask (reported as ``clip_fraction``).
+
+    Shape: logps, old_logps (B, T) float, advantages (B,) or (B, T), mask (B, T) bool -> (per_token (B, T),
+    dropped (B, T) bool). Units: advantage units x nats per token (the value is -A rho log p, not -A rho).
+
+    Raises:
+        ObjectiveError: shapes; mask not bool; unknown divergence; delta_low / delta_high < 0; ratio_cap <= 0.
+
+    Source: "Rethinking the Trust Region in LLM Reinforcement Learning" (arXiv 2602.04879), DPPO-Binary-TV and
+    DPPO-Binary-KL. Departures: the anchor is pi_old (the log-probs at sampling time recomputed by the trainer, the
+    paper's "recompute" variant, as verl's ``dppo_tv``/``dppo_kl``); with ``rollout.correction.bypass`` it is the
+    sampler's, the paper's main variant. The 1e-8 in verl's binary KL is not needed here: p, q < 1 are clamped to
+    1 - 1e-7 before log(1 - p). The truncation cap defaults to 1e4 (the paper's recipe; verl's actor default 3.0).
+    """
+    _checked(logps, old_logps, mask)
+    check_choice("divergence", divergence, ("tv", "kl"))
+    delta_low = check_number("delta_low", delta_low, low=0.0)
+    delta_high = check_number("delta_high", delta_high, low=0.0)
+    ratio_cap = check_number("ratio_cap", ratio_cap, low=0.0, strict_low=True)
+    a = _token_advantages(advantages, logps)
+    with torch.no_grad():
+        dtype = torch.promote_types(logps.dtype, torch.float32)
+        lp, lq = logps.detach().to(dtype), old_logps.detach().to(dtype)
+        p, q = lp.exp(), lq.exp()
+        positive = a > 0
+        if divergence == "tv":
+            dropped = torch.where(positive, p - q > delta_high, p - q < -delta_low)
+        else:
+            one = 1.0 - 1e-7
+            d = q * (lq - lp) + (1 - q) * (torch.log1p(-q.clamp(max=one)) - torch.log1p(-p.clamp(max=one)))
+            dropped = torch.where(positive, (d > delta_high) & (p > q), (d > delta_low) & (p < q))
+        dropped = dropped & (a != 0) & mask
+        weight = torch.exp(lp - lq).clamp(max=ratio_cap) * (~dropped)
+    loss = -a * weight * logps
+    return torch.where(mask, loss, torch.zeros_like(loss)), dropped
+
+
+def sapo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              temperature_pos: float = 1.0, temperature_neg: float = 1.05
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token loss of SAPO (Soft Adaptive Policy Optimization): a smooth gate on the token's ratio in place of the
+    clip.
+
+        rho = exp(logps - old_logps),  tau = temperature_pos if A > 0 else temperature_neg
+        f(rho) = (4 / tau) * sigmoid(tau * (rho - 1))
+        loss = -f(rho) * A,  0 where masked
+
+    d f / d rho = 4 sigma (1 - sigma) = 1 at rho = 1, so on the first pass the gradient is the policy gradient
+    -A grad rho = -A grad log pi; away from rho = 1 the weight 4 sigma(1 - sigma) decays smoothly (faster for the
+    negative advantages, tau_neg > tau_pos: the paper's asymmetry), where PPO's clip cuts it to 0 at a fixed band.
+    Also returns that gradient weight (detached), which the plugin reports as ``gate_weight_mean``; nothing is
+    "clipped" (the plugin's ``clip_fraction`` counts the tokens whose weight fell below 1/2).
+
+    Shape: logps, old_logps (B, T), advantages (B,) or (B, T), mask (B, T) bool -> (per_token (B, T), weight (B, T),
+    below_half (B, T) bool). Units: advantage units per token.
+
+    Raises:
+        ObjectiveError: shapes; mask not bool; a temperature <= 0.
+
+    Source: Gao et al. 2025, "Soft Adaptive Policy Optimization" (arXiv 2511.20347), the token-level gate (eq. of
+    f_{i,t}); defaults tau_pos 1.0, tau_neg 1.05 (the paper's, TRL 1.16's ``sapo_temperature_pos/neg``). The
+    reduction is the plugin's ``loss_aggregation`` (the paper's and TRL's: the sequence mean, then the batch mean,
+    which is ``grpo``).
+    """
+    _checked(logps, old_logps, mask)
+    tau_pos = check_number("temperature_pos", temperature_pos, low=0.0, strict_low=True)
+    tau_neg = check_number("temperature_neg", temperature_neg, low=0.0, strict_low=True)
+    a = _token_advantages(advantages, logps)
+    tau = torch.where(a > 0, torch.full_like(a, tau_pos), torch.full_like(a, tau_neg))
+    ratio = torch.exp(logps - old_logps.detach())
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * gate * a
+    with torch.no_grad():
+        weight = 4.0 * gate * (1.0 - gate)
+    return torch.where(mask, loss, torch.zeros_like(loss)), weight * mask, (weight < 0.5) & mask
+
+
+def dro_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss of DRO as Tinker and verl ship it: the policy gradient with a quadratic penalty on the log-ratio
+    to the sampling policy, no clip and no ratio.
+
+        delta = logps - old_logps
+        loss = -(A * logps - (beta / 2) * delta^2),   0 where masked
+
+    gradient -(A - beta * delta) grad log pi: a token's update shrinks as its log-prob moves away from the one it was
+    sampled with, and reverses past delta = A / beta (a soft trust region in log space). On the first pass
+    (delta = 0) it is REINFORCE's gradient. ``over`` marks the tokens past that point (|beta delta| > |A| with
+    the same sign as A: the penalty outweighs the advantage), reported as ``clip_fraction``.
+
+    Shape: logps, old_logps (B, T), advantages (B,) or (B, T), mask (B, T) bool -> (per_token (B, T), over (B, T)
+    bool). Units: advantage units x nats per token.
+
+    Raises:
+        ObjectiveError: shapes; mask not bool; beta < 0.
+
+    Source: the "dro" loss of Tinker (Thinking Machines, loss functions docs: -sum[lp A - beta/2 (lp - lp_sampler)^2])
+    and verl's ``policy_loss.loss_mode=dro`` (``dro_beta``, no default there); the surrogate is Kimi k1.5's (Kimi Team
+    2025, sec. 2.3.3), not Richemond et al. 2024's squared-residual DRO with a learned value. The penalty is to pi_old
+    (the sampling policy), not to pi_ref: the KL to pi_ref is still ``objective.beta``'s.
+    """
+    _checked(logps, old_logps, mask)
+    beta = check_number("beta", beta, low=0.0)
+    a = _token_advantages(advantages, logps)
+    delta = logps - old_logps.detach()
+    loss = -(a * logps - 0.5 * beta * delta ** 2)
+    with torch.no_grad():
+        push = beta * delta.detach()
+        over = ((a > 0) & (push > a)) | ((a < 0) & (push < a))
+    return torch.where(mask, loss, torch.zeros_like(loss)), over & mask

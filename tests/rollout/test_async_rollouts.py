@@ -37,10 +37,17 @@ def _same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_staleness_zero_is_the_synchronous_update_bit_for_bit(tmp_path):
+@pytest.fixture(scope="module")
+def synchronous(tmp_path_factory):
+    """The synchronous run (checkpoints every 2 steps: saving does not change the update), shared by the tests that
+    compare an asynchronous run with it."""
+    return _run(tmp_path_factory.mktemp("sync"), "sync", "trainer.save_every=2")
+
+
+def test_staleness_zero_is_the_synchronous_update_bit_for_bit(tmp_path, synchronous):
     """GRPO on the tiny model, 4 steps: with rollout.asynchronous and max_staleness 0 every step's reward and loss and
     the final adapter equal the synchronous run's exactly (staleness 0 logged at each step)."""
-    sync, a = _run(tmp_path, "sync")
+    sync, a = synchronous
     zero, b = _run(tmp_path, "zero", "rollout.asynchronous=true", "rollout.max_staleness=0")
     assert [(r["reward"], r["loss"]) for r in zero] == [(r["reward"], r["loss"]) for r in sync]
     assert [r["async/staleness"] for r in zero] == [0, 0, 0, 0] and _same(a, b)
@@ -60,9 +67,10 @@ def test_staleness_two_lags_and_is_corrected_against_its_behaviour_policy(tmp_pa
     assert all("correction/ess" in r for r in rows)
 
 
-def test_an_asynchronous_run_resumes(tmp_path):
+def test_an_asynchronous_run_resumes(tmp_path, synchronous):
     """Checkpoint every 2 steps, killed during step 3, resumed: at staleness 0 the resumed run logs the same steps and
-    ends with the same adapter as the uninterrupted one (the in-flight rollout is drawn again from the restored
+    ends with the same adapter as the uninterrupted one (the synchronous run, which staleness 0 equals bit for bit:
+    the test above) (the in-flight rollout is drawn again from the restored
     weights, which are the ones it was drawn with). At staleness 1 the in-flight rollouts of steps 3 and 4 are drawn
     again with the restored weights (step 3's was drawn one version older before): the run continues from the
     checkpoint with the same rows, four steps logged, staleness at most 1."""
@@ -70,9 +78,6 @@ def test_an_asynchronous_run_resumes(tmp_path):
 
     for k in (0, 1):
         args = [*ARGS, "trainer.save_every=2", "rollout.asynchronous=true", f"rollout.max_staleness={k}"]
-        if k == 0:
-            _, straight = _run(tmp_path, "straight", "trainer.save_every=2", "rollout.asynchronous=true",
-                               "rollout.max_staleness=0")
         trainer = Trainer(compose(args), tmp_path / f"resumed{k}")
         run_until_killed(trainer, 3)
         assert trainer.async_rollouts is None  # the worker was stopped on the way out
@@ -83,7 +88,7 @@ def test_an_asynchronous_run_resumes(tmp_path):
         rows = read_metrics(tmp_path / f"resumed{k}" / "metrics.jsonl")
         assert [r["step"] for r in rows] == [1, 2, 3, 4] and max(r["async/staleness"] for r in rows) <= k
         if k == 0:
-            assert _same(straight, again)
+            assert _same(synchronous[1], again)
 
 
 # ------------------------------------------------------------------------------------------------ worker faults
