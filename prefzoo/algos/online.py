@@ -172,7 +172,8 @@ DPPO_DELTA = {"dppo_tv": 0.15, "dppo_kl": 0.05}
 @dataclass
 class TrustRegionConfig:
     """The settings of the surrogates a member with PPO's per-token clip can use instead (``algo.policy_loss``:
-    GRPO, RLOO, REINFORCE++), :func:`trust_region_policy_loss`. Mixed into the member's config.
+    GRPO, RLOO, REINFORCE++), :func:`trust_region_policy_loss`. Mixed into the member's config as its FIRST base, so
+    that its fields come after the algorithm's own (``name`` first) in the saved config.
 
     Attributes:
         dppo_delta: DPPO's divergence threshold (both signs); None: :data:`DPPO_DELTA` of the chosen divergence.

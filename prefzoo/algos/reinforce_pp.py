@@ -52,7 +52,7 @@ BASELINES = ("none", "group")
 
 
 @dataclass
-class ReinforcePPConfig(OnlineConfig, TrustRegionConfig):
+class ReinforcePPConfig(TrustRegionConfig, OnlineConfig):
     name: str = "reinforce_pp"
     default_beta: float = 0.01  # OpenRLHF's init_kl_coef
     num_samples: int = 4  # completions per prompt

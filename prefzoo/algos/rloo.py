@@ -61,7 +61,7 @@ POLICY_LOSSES = ("reinforce", "clipped", "clipped_sequence", *TRUST_REGION_LOSSE
 
 
 @dataclass
-class RLOOConfig(OnlineConfig, TrustRegionConfig):
+class RLOOConfig(TrustRegionConfig, OnlineConfig):
     name: str = "rloo"
     default_beta: float = 0.05  # TRL's RLOOConfig kl_coef
     num_samples: int = 4  # k, completions per prompt

@@ -42,7 +42,8 @@ from torch import Tensor
 
 from prefzoo.algos import REGISTRY, get_algorithm
 from prefzoo.lab.oracles import (argmax_policy, best_of_n_policy, chosen_distribution, grpo_group_std_target,
-                                 in_reward_fixed_point, kto_population_optimum, pair_loss_population_optimum,
+                                 in_reward_fixed_point, kto_population_optimum, maxrl_fixed_point,
+                                 pair_loss_population_optimum,
                                  simpo_population_optimum)
 from prefzoo.lab.runner import build_algorithm, sample_best_of_n, train_replicas
 from prefzoo.lab.tabular import TabularBandit, kl_divergence, preference_pairs, total_variation
@@ -137,6 +138,7 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              lambda b: grpo_group_std_target(b, beta, group), claim="report"),
     ]
     cases += zoo_online_cases(beta, group)
+    cases += zoo_2026_cases(beta, group)
     offline = dict(steps=150, lr=0.2)
     for div in ("reverse_kl", "forward_kl", "js", "alpha"):
         cases.append(Case(
@@ -202,6 +204,35 @@ def zoo_online_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              "none: deterministic labels push margins to infinity; towards the argmax of r", argmax_policy,
              claim="report"),
     ]
+
+
+def zoo_2026_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
+    """The surrogates without the ratio clip (``algo.policy_loss``), MaxRL's advantage and the bias-corrected KL.
+
+    DPPO, SAPO and DRO with k1 in the reward and 4 mini-batches per rollout (their ratios leave 1): at pi* every
+    shaped reward of a prompt is equal, every advantage 0, and each loss's gradient 0 whatever its mask, gate or
+    penalty (DRO's penalty is 0 at delta = 0 and its gradient -(A - beta delta) vanishes with A = 0 and delta = 0):
+    pi* is their fixed point, as it is the clip's. k3 as a loss with ``kl_bias_correction``: the term's expected
+    gradient is the reverse KL's (:func:`prefzoo.objective.kl_loss`), so the fixed point moves from the forward-KL
+    optimum (the plain k3 row above) to pi* at beta G/(G-1). MaxRL: :func:`~prefzoo.lab.oracles.maxrl_fixed_point`
+    (approximate: reported)."""
+    c = group / (group - 1)
+    k1r = dict(kl_estimator="k1", kl_placement="in_reward")
+    star = lambda b: optimal_policy(b.ref_probs, b.rewards, beta)  # noqa: E731
+    grouped = dict(num_samples=group, scale_rewards="none", num_minibatches=4)
+    cases = [Case(f"GRPO {loss} k1 in reward, 4 mini-batches", "grpo", dict(grouped, policy_loss=loss), k1r, "pi*",
+                  star) for loss in ("dppo_tv", "dppo_kl", "sapo", "dro")]
+    cases += [
+        Case("GRPO k3 as loss, bias-corrected", "grpo", dict(num_samples=group, scale_rewards="none"),
+             dict(kl_estimator="k3", kl_placement="as_loss", kl_bias_correction=True),
+             f"pi* at beta G/(G-1) = {beta * c:.4g} (the reverse KL's gradient)",
+             lambda b: optimal_policy(b.ref_probs, b.rewards, beta * c)),
+        Case("GRPO MaxRL (scale_rewards=mean), k2 as loss, G=4", "grpo", dict(num_samples=4, scale_rewards="mean"),
+             dict(kl_estimator="k2", kl_placement="as_loss"),
+             "~ pi* at the per-prompt beta (4/3) E_pi[r] (self-consistent; approximate)",
+             lambda b: maxrl_fixed_point(b, beta * 4 / 3), claim="report", steps=300),
+    ]
+    return cases
 
 
 def _log_odds(logp: Tensor) -> Tensor:

@@ -70,7 +70,7 @@ from prefzoo.objective import kl_estimate, optimal_policy, regularised_optimum
 
 __all__ = ["argmax_policy", "in_reward_generator", "in_reward_fixed_point", "grpo_group_std_target",
            "best_of_n_policy", "simpo_population_optimum", "pair_weights", "chosen_distribution",
-           "pair_loss_population_optimum", "kto_population_optimum"]
+           "pair_loss_population_optimum", "kto_population_optimum", "maxrl_fixed_point"]
 
 
 def argmax_policy(bandit: TabularBandit) -> Tensor:
@@ -150,6 +150,23 @@ def grpo_group_std_target(bandit: TabularBandit, beta: float, group: int, iters:
         beta_eff = beta * sigma * group / (group - 1)
         new = regularised_optimum(ref, r * beta / beta_eff, beta, "forward_kl")  # E r - b_eff D  ~  r b/b_eff
         pi = 0.5 * pi + 0.5 * new
+    return pi
+
+
+def maxrl_fixed_point(bandit: TabularBandit, beta: float, iters: int = 500) -> Tensor:
+    """APPROXIMATE fixed point of MaxRL's advantage (r - mean_g) / mean_g with a KL whose gradient is the reverse KL's
+    (k2 as a loss), ``beta`` already scaled by the group's G/(G-1).
+
+    For r >= 0 the policy term's expected gradient is grad J / J = grad log J (J = E_pi[r] of the prompt), so the
+    update ascends log J - beta KL(pi || pi_ref); stationarity gives grad J = beta J grad KL: pi* at the per-prompt
+    beta J(pi), solved self-consistently by damped iteration. Approximate: it ignores that the sample mean of G
+    rewards is random (E[1/mean] != 1/E[mean]: an O(1/G) shift). Shape (P, K) float64.
+    """
+    ref, r = bandit.ref_probs.double(), bandit.rewards.double()
+    pi = ref.clone()
+    for _ in range(iters):
+        t = beta * (pi * r).sum(-1, keepdim=True).clamp(min=1e-8)
+        pi = 0.5 * pi + 0.5 * torch.softmax(torch.log(ref) + r / t, dim=-1)
     return pi
 
 
