@@ -14,6 +14,9 @@ s = beta f'(pi/pi_ref) (the table, its equations and sources: :mod:`prefzoo.obje
 
 * ``sigmoid``  -(1-eps) log sigma(m) - eps log sigma(-m)  (eps = label_smoothing: conservative DPO,
   Mitchell 2023; eps = 0 is eq. 7 of Rafailov et al.);
+* ``sigmoid_norm`` the sigmoid link on each side's log-ratio AVERAGED over its completion tokens,
+  m = beta (log(pi/pi_ref)(y_w) / |y_w| - log(pi/pi_ref)(y_l) / |y_l|) (TRL 1.16's ``sigmoid_norm``; the logged
+  rewards stay the summed ones, as TRL's; ``label_smoothing`` applies as in ``sigmoid``, which TRL's ignores);
 * ``ipo``      (m / beta - 1 / (2 beta))^2  (Azar et al. 2023, eq. 17: the log-ratio difference is
   regressed to 1/(2 tau), tau = beta). Each side's log-ratio is AVERAGED over its completion tokens first
   (``ipo_average_log_ratio=true``, the default, as the IPO authors' code and TRL do): the target margin

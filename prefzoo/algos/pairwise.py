@@ -287,7 +287,8 @@ class DirectPreference(Algorithm):
             link = lambda s, t=loss_type: pairwise_loss(  # noqa: E731
                 s, t, self.beta, self.cfg.label_smoothing, discopop_tau=self.cfg.discopop_tau,
                 reward_shift=self.bco_shift["mean"])
-            parts[loss_type] = _on_rows(view(loss_type == "ipo" and self.cfg.ipo_average_log_ratio), kept, link)
+            averaged = loss_type == "sigmoid_norm" or (loss_type == "ipo" and self.cfg.ipo_average_log_ratio)
+            parts[loss_type] = _on_rows(view(averaged), kept, link)
         losses = sum(w * parts[t] for t, w in zip(self.loss_types, self.loss_weights)).float()
         if batch.weights is not None:
             losses = losses * batch.weights

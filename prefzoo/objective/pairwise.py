@@ -13,6 +13,9 @@ link           per-pair loss                                                    
 sigmoid        -(1 - eps) log sigma(m) - eps log sigma(-m)                          Rafailov et al. 2023, eq. 7
                                                                                     (eps: cDPO, Mitchell 2023);
                                                                                     Ouyang et al. 2022, eq. 1
+sigmoid_norm   sigmoid's link on the length-averaged scores (the caller averages    TRL 1.16 (loss_type
+               each side's log-ratio over its tokens: m = beta (rho_w/|y_w| -       "sigmoid_norm")
+               rho_l/|y_l|))
 ipo            (m / beta - 1 / (2 beta))^2                                          Azar et al. 2023, eq. 17
 hinge          max(0, 1 - m)                                                        SLiC, Zhao et al. 2023
 robust         ((1 - eps) L(m) - eps L(-m)) / (1 - 2 eps),  L(m) = -log sigma(m)    rDPO, Chowdhury et al. 2024,
@@ -194,7 +197,8 @@ def _sft(s: PairScores, p: _Params) -> torch.Tensor:
 PAIRWISE_LOSSES: dict[str, Callable[[PairScores, _Params], torch.Tensor]] = {
     "sigmoid": _sigmoid, "ipo": _ipo, "hinge": _hinge, "robust": _robust, "exo_pair": _exo_pair,
     "nca_pair": _nca_pair, "sppo_hard": _sppo_hard, "apo_zero": _apo_zero, "apo_down": _apo_down,
-    "bco_pair": _bco_pair, "discopop": _discopop, "aot": _aot, "aot_unpaired": _aot_unpaired, "sft": _sft}
+    "bco_pair": _bco_pair, "discopop": _discopop, "aot": _aot, "aot_unpaired": _aot_unpaired, "sft": _sft,
+    "sigmoid_norm": _sigmoid}
 
 #: the :class:`PairScores` fields each link reads besides the margin
 READS: dict[str, tuple[str, ...]] = {

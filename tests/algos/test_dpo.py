@@ -105,6 +105,15 @@ def test_label_smoothed_loss_hand_values():
     torch.testing.assert_close(losses(dpo("sigmoid", 0.1)), torch.tensor([0.663850, 0.824355]), rtol=0, atol=1e-6)
 
 
+def test_sigmoid_norm_averages_each_sides_log_ratio_hand_values():
+    """TRL 1.16's sigmoid_norm: -log sigma(beta (rho_w/|y_w| - rho_l/|y_l|)). A: 0.5/2 - (-0.25)/2 = 0.375,
+    m = 0.0375, loss log(1 + e^-0.0375) = 0.6745730; B: -1/1 - 2/3 = -5/3, m = -1/6, loss log(1 + e^(1/6)) =
+    0.7799487 (plain sigmoid on the sums: 0.656350, 0.854355). The logged rewards stay the summed ones (TRL's)."""
+    torch.testing.assert_close(losses(dpo("sigmoid_norm")), torch.tensor([0.6745730, 0.7799487]), rtol=0, atol=1e-6)
+    out = dpo("sigmoid_norm").loss(TablePolicy(POLICY, REF), pairs())
+    assert out.token_metrics["rewards/chosen"][0] / out.token_metrics["rewards/chosen"][1] == pytest.approx(0.1 * (0.5 - 1) / 2)
+
+
 def test_ipo_loss_on_summed_log_ratios_hand_values():
     """IPO with eq. 17 read literally on summed log-ratios (``ipo_average_log_ratio=false``) regresses
     h = rho_w - rho_l to 1/(2 beta) = 5: A: (0.75 - 5)^2 = 18.0625; B: (-3 - 5)^2 = 64."""
