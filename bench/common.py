@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import os
 import resource
+import subprocess
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the interpreter of TRL's venv (``make setup-bench-trl``), or $TRL_PYTHON
+TRL_PYTHON = Path(os.environ.get("TRL_PYTHON") or ROOT / "bench" / ".venv-trl" / "bin" / "python")
+
+
+def run_trl_side(script: str, data: dict) -> tuple[dict | None, str]:
+    """Run ``script --trl-side IN OUT`` under TRL's interpreter on ``data`` (JSON) and read its JSON answer.
+
+    Returns (answer, "") or (None, a one-line reason: TRL's venv is missing, or the last line of its stderr)."""
+    if not TRL_PYTHON.exists():
+        return None, f"{TRL_PYTHON} is missing: `make setup-bench-trl` creates TRL's venv (or set TRL_PYTHON)."
+    with tempfile.TemporaryDirectory() as tmp:
+        infile, outfile = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        infile.write_text(json.dumps(data))
+        proc = subprocess.run([str(TRL_PYTHON), script, "--trl-side", str(infile), str(outfile)],
+                              capture_output=True, text=True, cwd=tmp)
+        if proc.returncode:
+            return None, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "TRL's side failed"
+        return json.loads(outfile.read_text()), ""
 
 STORY = ("Tom has {a} apples and buys {b} more at the market, then gives {c} of them to his sister, who "
          "already had {d}. His friend Anna brings {e} pears and asks how many pieces of fruit there are in total. ")

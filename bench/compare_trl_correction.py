@@ -23,14 +23,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TRL_PYTHON = Path(os.environ.get("TRL_PYTHON") or ROOT / "bench" / ".venv-trl" / "bin" / "python")
 
 CASES = [("token_truncate", None, 3.0), ("token_truncate", 0.5, 2.0), ("token_mask", 0.5, 2.0),
          ("token_mask", None, 1.5), ("sequence_truncate", None, 3.0), ("sequence_truncate", 0.5, 2.0),
@@ -90,19 +85,13 @@ def main() -> int:
 
     from prefzoo.objective import correction_weights
 
-    if not TRL_PYTHON.exists():
-        print(f"{TRL_PYTHON} is missing: `make setup-bench-trl` creates TRL's venv (or set TRL_PYTHON).")
-        return 2
+    from common import run_trl_side
+
     data = inputs()
-    with tempfile.TemporaryDirectory() as tmp:
-        infile, outfile = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        infile.write_text(json.dumps(data))
-        proc = subprocess.run([str(TRL_PYTHON), __file__, "--trl-side", str(infile), str(outfile)],
-                              capture_output=True, text=True, cwd=tmp)
-        if proc.returncode:
-            print(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "TRL's side failed")
-            return 2
-        theirs = json.loads(outfile.read_text())
+    theirs, why = run_trl_side(__file__, data)
+    if theirs is None:
+        print(why)
+        return 2
     trainer = torch.tensor(data["trainer"])
     sampler = torch.tensor([[math.nan if v is None else v for v in row] for row in data["sampler"]])
     mask = torch.tensor(data["completion_mask"]).bool() & torch.tensor(data["tool_mask"]).bool()

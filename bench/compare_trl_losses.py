@@ -19,14 +19,9 @@ N(0, 0.5^2); advantages N(0, 1) per completion (both signs: SAPO's two temperatu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TRL_PYTHON = Path(os.environ.get("TRL_PYTHON") or ROOT / "bench" / ".venv-trl" / "bin" / "python")
 TAU_POS, TAU_NEG, EPS = 1.0, 1.05, 0.2
 
 
@@ -83,19 +78,13 @@ def main() -> int:
 
     from prefzoo.objective import clipped_surrogate_loss, kl_loss, sapo_loss
 
-    if not TRL_PYTHON.exists():
-        print(f"{TRL_PYTHON} is missing: `make setup-bench-trl` creates TRL's venv (or set TRL_PYTHON).")
-        return 2
+    from common import run_trl_side
+
     data = inputs()
-    with tempfile.TemporaryDirectory() as tmp:
-        infile, outfile = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        infile.write_text(json.dumps(data))
-        proc = subprocess.run([str(TRL_PYTHON), __file__, "--trl-side", str(infile), str(outfile)],
-                              capture_output=True, text=True, cwd=tmp)
-        if proc.returncode:
-            print(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "TRL's side failed")
-            return 2
-        theirs = json.loads(outfile.read_text())
+    theirs, why = run_trl_side(__file__, data)
+    if theirs is None:
+        print(why)
+        return 2
     mask = torch.tensor(data["mask"]).bool()
     old, ref = torch.tensor(data["old"], dtype=torch.float64), torch.tensor(data["ref"], dtype=torch.float64)
     adv = torch.tensor(data["adv"], dtype=torch.float64)
