@@ -18,6 +18,9 @@ which win over the bench's own (e.g. ``ppo:algo.epochs=1``). PPO is measured on 
 ``--samples`` rows, one value adapter, its own 4 epochs by default) for issue 15's "PPO step <= 2.5x GRPO's".
 Online DPO samples 2 per prompt whatever ``--samples`` says, so its same rollout is
 ``online_dpo:trainer.batch_size=4`` (4 x 2 rows against 2 x 4; its generated tokens are counted as such).
+Distillation (``distill``: the JSD over the whole vocabulary; ``distill:algo.loss_type=teacher_reward``: the teacher's
+log-prob of the sampled tokens as a reward) distils from ``--model`` itself unless the entry gives ``algo.teacher``:
+the teacher is a second, frozen copy of the model (its cost is what is measured, not what it teaches).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import compose, peak_rss_gb  # noqa: E402
 
-ALGOS = ("grpo", "rloo", "reinforce_pp", "gspo", "cispo", "online_dpo")
+ALGOS = ("grpo", "rloo", "reinforce_pp", "gspo", "cispo", "online_dpo", "distill", "distill:algo.loss_type=teacher_reward")
 
 
 def one(args) -> dict:
@@ -48,6 +51,8 @@ def one(args) -> dict:
     model = f"model={args.model}" if args.model in ("smollm2", "tiny") else f"model.name={args.model}"
     name, _, extra = args.one.partition(":")
     samples = [] if name == "online_dpo" else [f"algo.num_samples={args.samples}"]  # online DPO: always 2
+    if name == "distill" and "algo.teacher=" not in extra:  # the base model as its own teacher: a frozen second copy
+        samples.append(f"algo.teacher={args.model}")
     cfg = compose([f"algo={name}", model, "reward=arithmetic", *samples,
                    "model.lora.r=16", "model.lora.alpha=32", "model.lora.target_modules=all-linear",
                    "model.dtype=float32", f"trainer.batch_size={args.prompts}", "rollout.temperature=0.7",

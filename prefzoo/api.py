@@ -237,52 +237,6 @@ def _train_in(checked, out: Path, task_cfg, hydra_node, words: list[str]) -> tup
 
 
 # ---------------------------------------------------------------------------------------------------- load_policy
-def _run_files(run_dir: Path) -> tuple[Path, Path]:
-    """(config.yaml, weights folder) of a finished run, or a :class:`PrefzooError` naming the folder and the fix."""
-    fix = ("pass the folder a `prefzoo train` / prefzoo.train() run wrote (its summary.json sits beside adapter/ and "
-           "config.yaml); a run that stopped early continues with trainer.resume=true hydra.run.dir=<folder>")
-    if not run_dir.is_dir():
-        raise RunFolderError(f"prefzoo.load_policy: {run_dir} is not a folder; {fix}.")
-    from prefzoo.training.layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
-
-    config = run_dir / CONFIG_FILE
-    weights = next((run_dir / w for w in (ADAPTER_DIR, MODEL_DIR) if (run_dir / w).is_dir()), None)
-    if weights is None:
-        inside = sorted(p.name for p in run_dir.iterdir())[:8]
-        raise RunFolderError(f"prefzoo.load_policy: {run_dir} holds no adapter/ (the trained LoRA adapter) and no model/ "
-                         f"(holds: {', '.join(inside) or 'nothing'}); {fix}.")
-    if weights.name == ADAPTER_DIR and not (weights / "adapter_config.json").is_file():
-        raise RunFolderError(f"prefzoo.load_policy: {weights} holds no adapter_config.json (an incomplete adapter); {fix}.")
-    from prefzoo.validation import pickled_adapter
-
-    unsafe = pickled_adapter(weights) if weights.name == ADAPTER_DIR else None
-    if unsafe:
-        raise RunFolderError(f"prefzoo.load_policy: {weights}: {unsafe}")
-    if not config.is_file():
-        raise RunFolderError(f"prefzoo.load_policy: {run_dir} holds no config.yaml (the run's resolved config, needed to "
-                         f"rebuild the base model); {fix}.")
-    return config, weights
-
-
-def saved_model_config(run_dir: str | Path):
-    """(model settings, seed) of a run folder's ``config.yaml``: what rebuilds its base model (the tiny random model
-    from the same seed and shape)."""
-    from omegaconf import OmegaConf
-
-    from prefzoo.config import ModelConfig
-
-    run_dir = Path(run_dir)
-    config, _ = _run_files(run_dir)
-    try:
-        saved = OmegaConf.load(config)
-        model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved.model))
-        seed = int(saved.trainer.seed)
-    except Exception as err:  # a config.yaml of another tool or version
-        raise ModelError(f"prefzoo.load_policy: {config} cannot be read as a prefzoo run config: "
-                         f"{one_line(err)}") from None
-    return model, seed
-
-
 def load_policy(run_dir: str | Path, device: str = "cpu"):
     """A run's trained policy: ``(model, tokenizer)``, the model a ``transformers`` causal LM with the run's LoRA
     adapter loaded by ``peft`` (a ``PeftModel``), in eval mode with every parameter frozen, on ``device``.
@@ -298,27 +252,7 @@ def load_policy(run_dir: str | Path, device: str = "cpu"):
             message names the folder and what to pass instead).
         ModelError (a PrefzooError): its ``config.yaml`` cannot be read, or its base model cannot be loaded.
     """
-    import torch
+    from prefzoo.training.trained import load_trained_model
 
-    from prefzoo.config import Config, TrainerConfig
-    from prefzoo.models.loading import load_causal_lm, load_tokenizer
-    from prefzoo.training.layout import ADAPTER_DIR
-    from prefzoo.training.setup import build_base_model
-
-    run_dir = Path(run_dir)
-    _, weights = _run_files(run_dir)
-    model_cfg, seed = saved_model_config(run_dir)
-    device = torch.device(device)
-    tokenizer = load_tokenizer(model_cfg.name)
-    if weights.name == ADAPTER_DIR:
-        from peft import PeftModel
-
-        cfg = Config(algo=None, model=model_cfg, trainer=TrainerConfig(seed=seed))
-        base = build_base_model(cfg, tokenizer, device)
-        model = PeftModel.from_pretrained(base, str(weights), is_trainable=False)
-    else:
-        model = load_causal_lm(str(weights), dtype=model_cfg.dtype).to(device)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model, tokenizer, _ = load_trained_model(run_dir, device)
     return model, tokenizer

@@ -136,7 +136,7 @@ def preflight(cfg: DictConfig) -> Preflight:
     typed = _config.to_typed(cfg)
     from prefzoo.training.plugin import build_algorithm
     from prefzoo.validation import (check_batch_size, check_correction_support, check_environment, check_kl_controller,
-                                    check_names, check_references, warn_idle)
+                                    check_names, check_references, check_teacher, warn_idle)
 
     check_names(typed)  # the annotator, eval.ood's shifted task: names in the data's registries
 
@@ -150,6 +150,15 @@ def preflight(cfg: DictConfig) -> Preflight:
     check_environment(typed, declaration.online, declaration.has("turn_rewards"))
     check_correction_support(typed, declaration.has("sampler_correction"))  # rollout.correction.* honoured?
     check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
+    check_teacher(declaration.teacher)  # algo=distill: a teacher prefzoo can load
+    if typed.reward.aggregation == "gdpo" and (not declaration.online or declaration.num_samples < 2):
+        raise ConfigError(f"reward.aggregation=gdpo normalises each reward within a prompt's group of samples; "
+                          f"algo={typed.algo.name} samples {declaration.num_samples} per prompt. Use a group-sampling "
+                          "plugin with algo.num_samples >= 2, or reward.aggregation=sum.")
+    if declaration.draws_prompts and (launched_world_size() > 1 or typed.rollout.asynchronous):
+        raise ConfigError("algo.dynamic_sampling=true draws more prompts within a step, which prefzoo does in one "
+                          "process with synchronous rollouts only; set it to false, or run without data parallelism "
+                          "and rollout.asynchronous=false.")
     from prefzoo.training.trackers import check_report_to
 
     check_report_to(typed)  # trainer.report_to: known trackers, their packages installed

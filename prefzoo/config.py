@@ -118,6 +118,9 @@ class RewardConfig:
     functions: list[str] = field(default_factory=lambda: ["correctness"])
     weights: Optional[list[float]] = None
     path: Optional[str] = None  # reward=model: directory of a reward model trained with algo=rm
+    aggregation: str = "sum"  # sum (the weighted sum) | gdpo (each function normalised within its group first: GDPO)
+    overlong_buffer: Optional[int] = None  # DAPO's soft overlong punishment: the last L_cache tokens before the cap
+    overlong_penalty: float = 1.0  # its factor: the reward falls linearly to -overlong_penalty at the cap
 
 
 @dataclass
@@ -458,6 +461,16 @@ def validate(cfg: Config) -> Config:
     if gold.weights is not None and len(gold.weights) != len(gold.functions):
         raise ConfigError(f"eval.gold_reward.weights has {len(gold.weights)} entries but eval.gold_reward.functions has "
                           f"{len(gold.functions)}; give one weight per function.")
+    _choice("reward.aggregation", cfg.reward.aggregation, ("sum", "gdpo"))
+    if cfg.reward.overlong_buffer is not None:
+        if not 1 <= cfg.reward.overlong_buffer <= cfg.rollout.max_new_tokens:
+            raise ConfigError(f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be in [1, rollout.max_new_tokens="
+                              f"{cfg.rollout.max_new_tokens}]: the tokens before the cap over which the penalty grows.")
+        if cfg.env.name != "none":
+            raise ConfigError(f"reward.overlong_buffer with env={cfg.env.name}: an episode's length is not the policy's "
+                              "tokens against rollout.max_new_tokens; shape long episodes in the environment's reward.")
+        if cfg.reward.overlong_penalty < 0:
+            raise ConfigError(f"reward.overlong_penalty={cfg.reward.overlong_penalty} must be >= 0 (DAPO's: 1.0).")
     if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
         raise ConfigError(f"reward.weights has {len(cfg.reward.weights)} entries but reward.functions has "
                           f"{len(cfg.reward.functions)}; give one weight per function.")

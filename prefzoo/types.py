@@ -35,9 +35,9 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from prefzoo.objective import last_token_index
+from prefzoo.objective import TokenLogits, last_token_index
 
-__all__ = ["Batch", "SequenceBatch", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch", "PreferenceBatch", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
+__all__ = ["Batch", "SequenceBatch", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch", "PreferenceBatch", "DistillationPolicy", "TokenLogits", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
            "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES",
            "sequence_rewards"]
 
@@ -429,6 +429,25 @@ class ValuePolicy(Policy, Protocol):
 
     def save_value_head(self, folder, extra: dict | None = None):
         """Write the value model (adapter, head, how to rebuild it) into ``folder``."""
+
+
+@runtime_checkable
+class DistillationPolicy(Policy, Protocol):
+    """A policy with a frozen teacher pi_T beside it: what a plugin that declares a ``teacher`` gets (``algo=distill``).
+
+    The teacher shares the policy's vocabulary (and tokenizer); it may differ in size. Both methods see the batch as
+    :meth:`Policy.logps` does (the completion tokens, predicted from the state before each).
+    """
+
+    def token_logits(self, batch: SequenceBatch, teacher: bool = False) -> TokenLogits:
+        """The next-token logits over the vocabulary at the batch's counted positions (``completion_mask``'s True
+        entries, row-major: N of them), at temperature 1 (the caller divides): the policy's, with gradients, or with
+        ``teacher`` the teacher's, without. In the linear form (final hidden states (N, d) and the output layer) where
+        the model's logits are its output layer applied to them, so that the (N, V) logits are never all held
+        (:func:`prefzoo.objective.chunked_generalized_jsd`)."""
+
+    def teacher_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
+        """Per-token log pi_T of the completion tokens, Shape (B, T) float32, 0 where masked, no grad."""
 
 
 Scorer = Callable[[SequenceBatch, PromptBatch], Tensor]

@@ -25,7 +25,7 @@ from prefzoo.errors import ConfigError
 
 log = logging.getLogger("prefzoo.config")
 
-__all__ = ["check_names", "check_annotator", "check_ood_eval", "check_early_stopping_metric", "check_adapter_path",
+__all__ = ["check_teacher", "check_names", "check_annotator", "check_ood_eval", "check_early_stopping_metric", "check_adapter_path",
            "pickled_adapter", "check_model_name",
            "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle"]
 
@@ -109,6 +109,34 @@ def check_adapter_path(cfg) -> None:
     unsafe = pickled_adapter(path)
     if unsafe:
         raise ConfigError(f"model.adapter_path={path!r}: {unsafe}")
+
+
+def check_teacher(spec: str | None) -> None:
+    """A distillation teacher (``algo.teacher``, :class:`~prefzoo.algos.base.Declaration`'s ``teacher``) that names a
+    local folder must be one prefzoo can load: a finished run (``config.yaml`` beside ``adapter/`` or ``model/``), a
+    peft adapter folder (``adapter_config.json``) or a model folder (``config.json``). A name that is not on disk is
+    taken for a Hugging Face id (loaded, or refused, with the model); one written as a path (``/``, ``.``, ``~``) must
+    exist."""
+    if spec is None:
+        return
+    path = os.path.expanduser(spec)
+    if not os.path.exists(path):
+        if spec.startswith(("/", ".", "~")):
+            raise ConfigError(f"algo.teacher={spec!r} does not exist; give a finished run's folder, a LoRA adapter "
+                              "folder, or a model path or id.")
+        return
+    if not os.path.isdir(path):
+        raise ConfigError(f"algo.teacher={spec!r} is a file, not a folder; give a finished run's folder, a LoRA adapter "
+                          "folder, or a model folder.")
+    has = lambda name: os.path.exists(os.path.join(path, name))  # noqa: E731
+    if has("adapter_config.json") or has("config.json"):
+        return
+    if has("config.yaml") and not (has("adapter") or has("model")):
+        raise ConfigError(f"algo.teacher={spec!r} is a run folder with no adapter/ or model/ yet (an unfinished run?); "
+                          "finish it (trainer.resume=true hydra.run.dir=<folder>) or give a finished run's folder.")
+    if not (has("config.yaml") or has("adapter") or has("model")):
+        raise ConfigError(f"algo.teacher={spec!r} holds no run (config.yaml with adapter/ or model/), no adapter "
+                          "(adapter_config.json) and no model (config.json); give one of those folders.")
 
 
 def pickled_adapter(folder) -> str | None:

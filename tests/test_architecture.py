@@ -258,7 +258,9 @@ def test_every_builtin_plugin_declares_its_needs(name):
     from prefzoo.config import Config, resolve_objective
 
     cls = REGISTRY[name]
-    cfg = Config(algo=cls.config_class())
+    from tests.algos.hydra_runs import REQUIRED_SETTINGS
+
+    cfg = Config(algo=cls.config_class(**REQUIRED_SETTINGS.get(name, {})))
     algo = cls(cfg.algo, resolve_objective(cfg))
     assert isinstance(algo.declaration, Declaration)
     for capability in algo.declaration.capabilities:  # a declared capability is implemented, not the base's stub

@@ -159,6 +159,11 @@ class Declaration:
         warnings: :class:`MetricWarning` s the loop watches the step metrics for (e.g. no learning signal).
         uses_beta: the objective's beta enters the plugin's loss; False (SFT, reward models, best-of-n): a beta
             given on the command line is warned about before anything loads, and the summary records beta as null.
+        teacher: the teacher the loop loads, frozen, beside the policy (a prefzoo run folder, a LoRA adapter folder
+            over the run's base model, or a model path or id sharing its tokenizer); the policy the plugin sees is then
+            a :class:`~prefzoo.types.DistillationPolicy`. None: no teacher.
+        draws_prompts: the plugin may draw more prompts within a step (DAPO's dynamic sampling): the loop sets its
+            ``draw_prompts`` (one process, synchronous rollouts; refused otherwise before anything loads).
     """
 
     reference: bool
@@ -178,6 +183,8 @@ class Declaration:
     min_batch_size: int = 1
     warnings: tuple[MetricWarning, ...] = ()
     uses_beta: bool = True
+    teacher: str | None = None
+    draws_prompts: bool = False
 
     def __post_init__(self) -> None:
         from prefzoo.errors import PluginError
@@ -219,6 +226,9 @@ class Algorithm:
         all_reduce: set by the loop under data parallelism: a callable returning the element-wise SUM of a tensor
             over all processes (every process must call it, in the same order); None in one process. A plugin
             that computes batch statistics (advantage whitening, a batch-wide reward std) passes it on.
+        draw_prompts: set by the loop for a plugin that declares ``draws_prompts``: ``draw_prompts(round)`` returns
+            the next ``trainer.batch_size`` training prompts (with their rollout seeds, distinct for each ``round`` >= 1
+            of a step); None otherwise.
         statistics: capability ``step_statistics``: ``{name: mean}`` of the current optimizer step's statistics,
             over all its rows on all processes (:meth:`step_statistics`), set by the loop before the step's first
             ``loss``; None before the first step.
@@ -228,6 +238,7 @@ class Algorithm:
     config_class: ClassVar[type[AlgoConfig]] = AlgoConfig
     all_reduce: Callable[[Tensor], Tensor] | None = None
     statistics: dict[str, float] | None = None
+    draw_prompts: Callable[[int], PromptBatch] | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

@@ -47,7 +47,7 @@ with a rollout engine that reports its log-probs, ``engine/*`` (:func:`engine_co
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -66,7 +66,8 @@ __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolic
            "sample_and_score", "sample_metrics", "update_metrics", "add_kl_loss", "bypass_logps", "check_online_settings",
            "check_policy_clip", "online_declaration", "stores_old_logps", "zero_spread_warning", "ZERO_SPREAD_STEPS",
            "engine_correction", "corrected_advantages", "place_rewards", "TrustRegionConfig", "check_trust_region",
-           "trust_region_policy_loss", "DPPO_DELTA"]
+           "trust_region_policy_loss", "DPPO_DELTA", "dynamic_sampling", "informative_groups",
+           "cat_rollouts", "check_dynamic_sampling"]
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
 #: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
@@ -83,6 +84,9 @@ class OnlineConfig(AlgoConfig):
         epochs: passes over each rollout (GRPO's mu, TRL's ``num_iterations``).
         num_minibatches: optimizer steps per pass.
         mask_truncated: completions without EOS contribute no loss.
+        dynamic_sampling: DAPO's dynamic sampling (:func:`dynamic_sampling`): groups whose rewards are all equal are
+            dropped and more prompts drawn until the step holds ``trainer.batch_size`` informative groups.
+        max_extra_draws: the cap on dynamic sampling's extra rounds per step (each of ``trainer.batch_size`` prompts).
     """
 
     # With the arithmetic task's exact-match reward, G = 4 and SmolLM2-135M: at temperature 1.0 only ~4% of samples
@@ -95,6 +99,8 @@ class OnlineConfig(AlgoConfig):
     epochs: int = 1
     num_minibatches: int = 1
     mask_truncated: bool = False
+    dynamic_sampling: bool = False
+    max_extra_draws: int = 3
 
 
 @dataclass
@@ -129,7 +135,23 @@ def check_online_settings(cfg: OnlineConfig, objective: ObjectiveSettings, min_s
         raise ConfigError(f"algo.loss_aggregation={cfg.loss_aggregation!r}; choose one of {', '.join(AGGREGATION_OF)}.")
     if cfg.epochs < 1 or cfg.num_minibatches < 1:
         raise ConfigError(f"algo.epochs={cfg.epochs} and algo.num_minibatches={cfg.num_minibatches} must be >= 1.")
+    if cfg.dynamic_sampling and (cfg.num_samples < 2 or cfg.max_extra_draws < 0):
+        raise ConfigError(f"algo.dynamic_sampling=true drops the groups of algo.num_samples={cfg.num_samples} "
+                          f"completions whose rewards are all equal: it needs num_samples >= 2 and "
+                          f"algo.max_extra_draws={cfg.max_extra_draws} >= 0.")
     check_adaptive_start(objective)
+
+
+def check_dynamic_sampling(cfg: OnlineConfig, why: str) -> None:
+    """A member whose baseline is not the group refuses ``algo.dynamic_sampling`` (``why``: what its baseline is):
+    a group of equal rewards still carries advantages there, so dropping it would change the update.
+
+    Raises:
+        ConfigError: naming the key and the reason.
+    """
+    if cfg.dynamic_sampling:
+        raise ConfigError(f"algo.dynamic_sampling=true is for plugins whose baseline is the group (GRPO, GSPO, CISPO, "
+                          f"RLOO, REINFORCE++ with algo.baseline=group); algo={cfg.name}: {why}.")
 
 
 def check_adaptive_start(objective: ObjectiveSettings) -> None:
@@ -270,7 +292,8 @@ def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_ba
         aggregation=aggregation,
         aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
         epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
-        progress_keys=progress_keys, warnings=warnings, capabilities=capabilities | {"sampler_correction"})
+        progress_keys=progress_keys, warnings=warnings, capabilities=capabilities | {"sampler_correction"},
+        draws_prompts=cfg.dynamic_sampling)
 
 
 # ----------------------------------------------------------------------------------------------- the rollout
@@ -295,6 +318,8 @@ class Rollout:
             (:func:`engine_correction`).
         is_weights: Shape (B, T), the importance weights of the sampler's samples (``rollout.correction.mode`` set
             and the sampler reported log-probs), else None.
+        teacher_logps: Shape (B, T), log pi_T of a teacher (:class:`~prefzoo.types.DistillationPolicy`) when the
+            member asks for it (:attr:`OnlinePolicyGradient.rollout_teacher_logps`), else None.
     """
 
     samples: SequenceBatch
@@ -303,6 +328,7 @@ class Rollout:
     ref_logps: Tensor | None
     metrics: dict[str, float] = field(default_factory=dict)
     is_weights: Tensor | None = None
+    teacher_logps: Tensor | None = None
 
 
 def place_rewards(penalty: Tensor, scores: Tensor, samples: SequenceBatch) -> Tensor:
@@ -412,9 +438,10 @@ def sample_metrics(samples: SequenceBatch, rewards: Tensor, generation_seconds: 
 
 
 def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_samples: int, sampling: SamplingParams,
-                     need_logps: bool) -> Rollout:
+                     need_logps: bool, teacher: bool = False) -> Rollout:
     """Sample ``num_samples`` completions per prompt with ``sampling``, score them, and (without gradients) compute
-    log pi at sampling time if ``need_logps`` and log pi_ref if the policy has a reference.
+    log pi at sampling time if ``need_logps``, log pi_ref if the policy has a reference, and log pi_T of its teacher if
+    ``teacher`` (a :class:`~prefzoo.types.DistillationPolicy`), all at the sampling temperature.
 
     When the sampler reports its own log-probs (``samples.sample_logps``: ``rollout.engine=vllm``, the hf engine's
     merged copy), log pi at sampling time is computed whatever ``need_logps`` (one no-grad pass) for the mismatch
@@ -432,6 +459,7 @@ def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_sa
     else:
         logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
     ref_logps = policy.ref_logps(samples, sampling.temperature) if policy.reference is not None else None
+    teacher_logps = policy.teacher_logps(samples, sampling.temperature) if teacher else None
     t2 = time.perf_counter()
     metrics = drift_metrics(logps, ref_logps, mask) if logps is not None and ref_logps is not None else {}
     is_weights, engine_metrics = engine_correction(policy, samples, logps, sampling)
@@ -440,7 +468,85 @@ def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_sa
     metrics.update(sample_metrics(samples, rewards, t1 - t0))
     metrics.update({"frac_zero_std_groups": (grouped.max(-1).values == grouped.min(-1).values).float().mean().item(),
                     "time/scoring_and_ref": t2 - t1})
-    return Rollout(samples, rewards, logps, ref_logps, metrics, is_weights)
+    return Rollout(samples, rewards, logps, ref_logps, metrics, is_weights, teacher_logps)
+
+
+def _pad_rows(tensors: list[Tensor | None]) -> Tensor | None:
+    """(B_i, T_i) tensors stacked row-wise, right-padded with 0 to the longest T; None if any is None."""
+    if any(t is None for t in tensors):
+        return None
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
+
+
+def cat_rollouts(rollouts: list[Rollout], pad_id: int = 0) -> Rollout:
+    """Rollouts stacked row-wise (completions re-padded; ``prompt_index`` offset so that it keeps naming each row's
+    prompt among all the rollouts' prompts); the metrics are the first rollout's."""
+    offset, shifted = 0, []
+    for r in rollouts:
+        index = r.samples.prompt_index
+        shifted.append(r.samples if index is None else replace(r.samples, prompt_index=index + offset))
+        offset += 0 if index is None else int(index.max()) + 1 if len(index) else 0
+    return Rollout(SequenceBatch.cat(shifted, pad_id), torch.cat([r.rewards for r in rollouts]),
+                   _pad_rows([r.logps for r in rollouts]), _pad_rows([r.ref_logps for r in rollouts]),
+                   dict(rollouts[0].metrics), _pad_rows([r.is_weights for r in rollouts]),
+                   _pad_rows([r.teacher_logps for r in rollouts]))
+
+
+def informative_groups(rewards: Tensor, num_samples: int) -> Tensor:
+    """Which groups of ``num_samples`` consecutive rewards are not all equal (DAPO's filter), Shape (B / G,) bool."""
+    grouped = rewards.view(-1, num_samples)
+    return grouped.max(-1).values != grouped.min(-1).values
+
+
+def dynamic_sampling(algo: "OnlinePolicyGradient", policy: Policy, first: Rollout, score: Scorer, draw, **sampling
+                     ) -> tuple[Rollout, dict[str, float]]:
+    """DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2, eq. 11: 0 < |{o_i correct}| < G): keep the groups whose
+    rewards are not all equal; while fewer than the first round's number of groups are kept and fewer than
+    ``algo.cfg.max_extra_draws`` extra rounds were drawn, sample and score ``draw(round)``'s prompts (the next
+    ``trainer.batch_size`` of the training data) and keep theirs. The kept groups (at most the first round's number,
+    in the order drawn) are the step's batch. If the cap is reached first, the step trains on fewer groups (logged);
+    if no group at all is informative, on the first round unchanged (every advantage of a group baseline is 0, as
+    without dynamic sampling).
+
+    Departure: DAPO (and verl's ``max_num_gen_batches``) keep drawing, or stop the run, when the cap is reached;
+    prefzoo trains on what it has, so a hard stretch of the data slows a run instead of ending it.
+
+    Metrics: ``dynamic/extra_draws`` (rounds beyond the first), ``dynamic/dropped_groups`` (over all rounds),
+    ``dynamic/kept_groups``, ``dynamic/reward`` (the kept completions' mean reward; ``reward`` stays the first
+    round's, comparable with a run without dynamic sampling).
+    """
+    g = algo.cfg.num_samples
+    target = len(first.rewards) // g
+    kept, dropped, rounds = [], 0, 0
+    current = first
+    while True:
+        keep = informative_groups(current.rewards, g)
+        dropped += int((~keep).sum())
+        rows = keep.repeat_interleave(g).nonzero()[:, 0]
+        if len(rows):
+            kept.append(_select_rollout(current, rows))
+        have = sum(len(r.rewards) for r in kept) // g
+        if have >= target or rounds >= algo.cfg.max_extra_draws:
+            break
+        rounds += 1
+        current = sample_and_score(policy, draw(rounds), score, g, algo.sampling, **sampling)
+    if not kept:
+        out = first
+    else:
+        out = cat_rollouts(kept, 0)  # (padding ids are never read: the masks say which tokens count)
+        if len(out.rewards) > target * g:
+            out = _select_rollout(out, torch.arange(target * g))
+        out.metrics = dict(first.metrics)
+    return out, {"dynamic/extra_draws": float(rounds), "dynamic/dropped_groups": float(dropped),
+                 "dynamic/kept_groups": float(len(out.rewards) // g if kept else 0),
+                 "dynamic/reward": out.rewards.mean().item()}
+
+
+def _select_rollout(r: Rollout, rows: Tensor) -> Rollout:
+    pick = lambda t: None if t is None else t[rows]  # noqa: E731
+    return Rollout(r.samples.select(rows), r.rewards[rows], pick(r.logps), pick(r.ref_logps), dict(r.metrics),
+                   pick(r.is_weights), pick(r.teacher_logps))
 
 
 def group_relative_advantages(algo: Algorithm, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
@@ -517,9 +623,14 @@ class OnlinePolicyGradient(Algorithm):
 
     Class attributes:
         progress_keys: the metrics on the progress bar (:func:`online_declaration`).
+        rollout_logps: the member's ``advantages`` read log pi at sampling time (``rollout.logps``) even with one
+            optimizer step per rollout (on-policy distillation's per-token reward).
+        rollout_teacher_logps: the member's ``advantages`` read the teacher's log-probs (``rollout.teacher_logps``).
     """
 
     progress_keys: tuple[str, ...] = ("reward", "kl_k3", "clip_fraction")
+    rollout_logps: bool = False
+    rollout_teacher_logps: bool = False
 
     def declare(self) -> Declaration:
         """:func:`online_declaration` with the member's ``progress_keys``; the group is the baseline."""
@@ -547,8 +658,15 @@ class OnlinePolicyGradient(Algorithm):
         in_reward = self.beta > 0 and o.kl_placement == "in_reward"
         # a no-grad pass of the policy only where log pi at sampling time is needed before the update; with one
         # optimizer step the drift metrics come from the update's own forward pass (update_metrics)
-        r = sample_and_score(policy, prompts, score, c.num_samples, self.sampling,
-                             need_logps=self.stores_old_logps() or in_reward)
+        settings = dict(need_logps=self.stores_old_logps() or in_reward or self.rollout_logps,
+                        teacher=self.rollout_teacher_logps)
+        r = sample_and_score(policy, prompts, score, c.num_samples, self.sampling, **settings)
+        dynamic = {}
+        if c.dynamic_sampling:
+            if self.draw_prompts is None:
+                raise ConfigError("algo.dynamic_sampling=true needs the training loop to draw more prompts, and it "
+                                  "cannot here (data parallelism or asynchronous rollouts); set it to false.")
+            r, dynamic = dynamic_sampling(self, policy, r, score, self.draw_prompts, **settings)
         mask = r.samples.completion_mask
         penalty = (kl_penalty_rewards(r.logps, r.ref_logps, mask, self.beta, o.kl_estimator) if in_reward
                    else torch.zeros(mask.shape, device=mask.device))
@@ -557,7 +675,7 @@ class OnlinePolicyGradient(Algorithm):
             advantages = torch.where(mask, advantages[:, None].float(), torch.zeros((), device=mask.device))
         advantages = corrected_advantages(advantages.float(), r.is_weights)  # rollout.correction.mode
         loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
-        metrics = dict(r.metrics, non_score_reward=penalty.sum(-1).mean().item(), **extra)
+        metrics = dict(r.metrics, non_score_reward=penalty.sum(-1).mean().item(), **extra, **dynamic)
         return Experience.from_samples(r.samples, rewards=r.rewards, advantages=advantages, loss_mask=loss_mask,
                                        old_logps=r.logps if self.stores_old_logps() or self.sampling.correction.bypass
                                        else None,

@@ -42,8 +42,8 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, TrustRegionConfig,
-                                  check_online_settings, check_policy_clip, check_trust_region, online_declaration,
-                                  place_rewards, trust_region_policy_loss)
+                                  check_dynamic_sampling, check_online_settings, check_policy_clip, check_trust_region,
+                                  online_declaration, place_rewards, trust_region_policy_loss)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import TRUST_REGION_LOSSES, gae, group_advantages, masked_var, masked_whiten
 from prefzoo.types import Experience, ObjectiveSettings
@@ -77,6 +77,8 @@ class ReinforcePP(OnlinePolicyGradient):
             raise ConfigError(f"algo.num_samples={cfg.num_samples}: must be >= 1, and >= 2 with algo.baseline=group "
                               "(the group mean is the baseline).")
         check_online_settings(cfg, objective)
+        if cfg.baseline != "group":
+            check_dynamic_sampling(cfg, "with algo.baseline=none its baseline is the batch, not the group")
         check_policy_clip(cfg)
         check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
 

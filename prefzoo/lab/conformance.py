@@ -139,6 +139,7 @@ def default_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
     ]
     cases += zoo_online_cases(beta, group)
     cases += zoo_2026_cases(beta, group)
+    cases += distillation_cases(beta)
     offline = dict(steps=150, lr=0.2)
     for div in ("reverse_kl", "forward_kl", "js", "alpha"):
         cases.append(Case(
@@ -231,6 +232,34 @@ def zoo_2026_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              dict(kl_estimator="k2", kl_placement="as_loss"),
              "~ pi* at the per-prompt beta (4/3) E_pi[r] (self-consistent; approximate)",
              lambda b: maxrl_fixed_point(b, beta * 4 / 3), claim="report", steps=300),
+    ]
+    return cases
+
+
+def distillation_cases(beta: float = BETA) -> list[Case]:
+    """On-policy distillation (``algo=distill``) toward the teacher pi_T = pi* of the bandit at ``beta``: with
+    r = beta log pi_T / pi_ref the objective's optimum is pi_T itself (:mod:`prefzoo.objective.distillation`), and each
+    loss's unique minimiser over a table that can represent pi_T is pi_T: the JSD of any beta in [0, 1] is 0 only at
+    S = T; the teacher's per-token reward is -KL(pi || pi_T) in expectation. With objective.beta = b (k1 in the
+    reward) on top, the maximiser of -KL(pi || pi_T) - b KL(pi || pi_ref) is pi ~ pi_T^(1/(1+b)) pi_ref^(b/(1+b)).
+    Objective beta 0 (the plugin's default) for the rest."""
+    star = lambda b: optimal_policy(b.ref_probs, b.rewards, beta)  # noqa: E731
+    none = dict(beta=0.0)
+    cases = [Case(f"distill jsd, jsd_beta={jb:g}", "distill", dict(teacher="table", jsd_beta=jb), none,
+                  "pi_T (= pi* at beta)", star, lr=0.1, steps=150) for jb in (0.0, 0.5, 1.0)]
+    anchor = 0.5
+
+    def mixture(b):
+        log_t, log_ref = torch.log(star(b)), torch.log(b.ref_probs)
+        return torch.softmax((log_t + anchor * log_ref) / (1 + anchor), dim=-1)
+
+    cases += [
+        Case("distill teacher_reward", "distill", dict(teacher="table", loss_type="teacher_reward"), none,
+             "pi_T (= pi* at beta)", star, lr=0.1),
+        Case(f"distill teacher_reward + KL to pi_ref (b={anchor:g}, k1 in reward)", "distill",
+             dict(teacher="table", loss_type="teacher_reward"),
+             dict(beta=anchor, kl_estimator="k1", kl_placement="in_reward"),
+             f"pi_T^(1/(1+b)) pi_ref^(b/(1+b)), b = {anchor:g}", mixture, lr=0.1),
     ]
     return cases
 
@@ -392,7 +421,8 @@ def run_case(case: Case, bandit: TabularBandit, seeds: int = DEFAULT_SEEDS, seed
     else:
         algo = build_algorithm(case.algo, case.config, case.objective, beta)
         policy = train_replicas(algo, bandit, seeds, seed, steps or case.steps, case.lr, pairs=pairs,
-                                samples_per_prompt=samples_per_prompt, pairs_per_prompt=PAIRS_PER_PROMPT)
+                                samples_per_prompt=samples_per_prompt, pairs_per_prompt=PAIRS_PER_PROMPT,
+                                teacher=star if algo.declaration.teacher is not None else None)
         probs = policy.probs().view(seeds, bandit.num_prompts, bandit.num_responses)
     target = case.target(bandit) if case.target is not None else None
     best = bandit.rewards == bandit.rewards.amax(-1, keepdim=True)

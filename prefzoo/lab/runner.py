@@ -21,7 +21,8 @@ from torch import Tensor
 
 from prefzoo.algos import get_algorithm
 from prefzoo.algos.base import Algorithm
-from prefzoo.lab.tabular import (BED_SAMPLING, PairSource, PromptSource, TableScorer, TabularBandit, TabularPolicy,
+from prefzoo.lab.tabular import (BED_SAMPLING, PairSource, PromptSource, TableScorer, TabularBandit, TabularError,
+                                 TabularPolicy,
                                  TrainSettings, preference_pairs, prompt_batch, train, unpaired_rows)
 from prefzoo.types import ObjectiveSettings, SamplingParams
 
@@ -36,7 +37,8 @@ def build_algorithm(name: str, config: dict, objective: dict, beta: float) -> Al
 
 
 def train_replicas(algo: Algorithm, bandit: TabularBandit, replicas: int, seed: int, steps: int, lr: float, *,
-                   samples_per_prompt: int, pairs_per_prompt: int, pairs=None) -> TabularPolicy:
+                   samples_per_prompt: int, pairs_per_prompt: int, pairs=None, teacher: Tensor | None = None
+                   ) -> TabularPolicy:
     """Train ``algo`` from pi_ref on ``replicas`` stacked copies of ``bandit``; returns the policy.
 
     The policy starts at pi_ref (with a reference and a value head as the plugin needs, its generator seeded
@@ -45,11 +47,16 @@ def train_replicas(algo: Algorithm, bandit: TabularBandit, replicas: int, seed: 
     replica repeated so that it receives ``samples_per_prompt`` responses (in groups of the plugin's group
     size); offline plugins train full-batch on ``pairs`` (pairs of ``bandit.tile(replicas)``; default:
     ``pairs_per_prompt`` fresh pairs per prompt from pi_ref, seeded with ``seed + 1``; an unpaired plugin gets them
-    as shuffled rows, :func:`~prefzoo.lab.tabular.unpaired_rows`).
+    as shuffled rows, :func:`~prefzoo.lab.tabular.unpaired_rows`). A plugin that declares a teacher gets ``teacher``
+    (a probability table (P, K) of the bandit, tiled), which it then must be given.
     """
     tiled = bandit.tile(replicas)
     d = algo.declaration
-    policy = TabularPolicy(tiled.ref_logits, with_reference=d.reference, value_head=d.value_head is not None, seed=seed)
+    if d.teacher is not None and teacher is None:
+        raise TabularError(f"{algo.name} declares a teacher: pass teacher=<a (P, K) probability table>")
+    teacher_logits = None if d.teacher is None else torch.log(teacher.double()).repeat(replicas, 1).float()
+    policy = TabularPolicy(tiled.ref_logits, with_reference=d.reference, value_head=d.value_head is not None, seed=seed,
+                           teacher_logits=teacher_logits)
     settings = TrainSettings(steps=steps, lr=lr)
     if d.online:
         group = max(1, d.num_samples)

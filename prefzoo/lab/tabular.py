@@ -46,7 +46,7 @@ from prefzoo.algos.base import Algorithm
 
 from prefzoo.errors import PrefzooError
 from prefzoo.types import Batch, PromptBatch, SamplingParams, SequenceBatch, UnpairedBatch
-from prefzoo.objective import categorical_kl, token_entropy
+from prefzoo.objective import TokenLogits, categorical_kl, token_entropy
 from prefzoo.training.step import mean_metrics, optimisation_step
 
 __all__ = ["TabularError", "TabularBandit", "TabularPolicy", "TableScorer", "PromptSource", "PairSource",
@@ -124,6 +124,8 @@ class TabularPolicy(nn.Module):
         value_head: add trainable value tables (``values``): V(x), Shape (P,), the state before the response
             (PPO), and V(x, y), Shape (P, K), the state after it (read by the reward-model plugin).
         seed: seeds ``generator`` (all sampling goes through it).
+        teacher_logits: Shape (P, K), a frozen teacher's logits (``algo=distill``: ``teacher_logps`` and
+            ``token_logits(teacher=True)``), or None.
 
     Batches: ``prompt_ids (B, L)`` left-padded, whose LAST column is the prompt index (0..P-1);
     ``completion_ids (B, 1)``, the response index (0..K-1). Log-probs are float32.
@@ -133,7 +135,7 @@ class TabularPolicy(nn.Module):
     analytic_kl = None  # ... and the KL is measured, not known in closed form
 
     def __init__(self, ref_logits: Tensor, init_logits: Tensor | None = None, with_reference: bool = True,
-                 value_head: bool = False, seed: int = 0):
+                 value_head: bool = False, seed: int = 0, teacher_logits: Tensor | None = None):
         super().__init__()
         ref_logits = torch.as_tensor(ref_logits).float()
         if ref_logits.ndim != 2:
@@ -150,6 +152,10 @@ class TabularPolicy(nn.Module):
         self.value_model = None  # the loop's name for a separate value network; the tabular one is built in
         self.generator = torch.Generator().manual_seed(seed)
         self.pad_id = 0
+        if teacher_logits is not None and tuple(teacher_logits.shape) != tuple(ref_logits.shape):
+            raise TabularError(f"teacher_logits {tuple(teacher_logits.shape)} must have the shape of ref_logits "
+                               f"{tuple(ref_logits.shape)}")
+        self.teacher: Tensor | None = None if teacher_logits is None else torch.as_tensor(teacher_logits).float().clone()
 
     @property
     def num_prompts(self) -> int:
@@ -219,6 +225,25 @@ class TabularPolicy(nn.Module):
             raise TabularError("this tabular policy has no reference (with_reference=False): the algorithm "
                                "declared it needs none, yet asked for reference log-probs")
         return self._gather(self.reference, self._check(batch), batch, temperature)
+
+    def _teacher_table(self) -> Tensor:
+        if self.teacher is None:
+            raise TabularError("this tabular policy has no teacher: build it with teacher_logits=... (algo=distill)")
+        return self.teacher
+
+    @torch.no_grad()
+    def teacher_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
+        """log pi_T of each completion token, Shape (B, 1) float32, no grad (``teacher_logits``)."""
+        return self._gather(self._teacher_table(), self._check(batch), batch, temperature)
+
+    def token_logits(self, batch: SequenceBatch, teacher: bool = False) -> TokenLogits:
+        """The logits over the K responses at each counted position, in the linear form of a language model: states
+        = the one-hot of the row's prompt (N, P), weight = the table transposed (K, P), so logits = table[prompt] (with
+        the gradient into the policy's table; the teacher's without)."""
+        rows = self._check(batch)[batch.completion_mask[:, 0]]
+        table = self._teacher_table() if teacher else self.logits
+        states = torch.nn.functional.one_hot(rows, self.num_prompts).to(table.dtype)
+        return TokenLogits(states, table.detach().t() if teacher else table.t())
 
     def values(self, batch: SequenceBatch) -> Tensor:
         """Values of the state before each completion position, Shape (B, C) float32 (0 where masked), with grad.

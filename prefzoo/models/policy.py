@@ -52,7 +52,7 @@ from prefzoo.errors import ModelError
 from prefzoo.models.reference import Reference
 from prefzoo.models.merged import merged_copy
 from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
-from prefzoo.objective import linear_token_logps, support_log_mass, token_entropy, token_logps
+from prefzoo.objective import TokenLogits, linear_token_logps, support_log_mass, token_entropy, token_logps
 from prefzoo.rollout.engine import HFEngine, RolloutEngine
 from prefzoo.rollout.generate import _CACHE, position_ids_from_mask
 
@@ -178,6 +178,8 @@ class CausalLMPolicy:
         padding_free: log-probs (policy and reference) from one packed pass of the batch's real tokens
             (:mod:`prefzoo.models.packing`), where the model's attention can run it and the batch has the layout;
             else padded.
+        teacher: a frozen teacher (``algo=distill``: :class:`~prefzoo.types.DistillationPolicy`), run as the reference
+            is (:class:`~prefzoo.models.reference.Reference`), or None.
 
     Data parallelism: the training loop sets ``train_forward`` to a wrapper (DDP over the trainable modules,
     see :mod:`prefzoo.training.distributed`) called as ``train_forward("policy", **model_kwargs)`` or
@@ -195,8 +197,9 @@ class CausalLMPolicy:
                  value_model: nn.Module | None = None, logits_chunk_size: int | None = 64,
                  generator: torch.Generator | None = None, fused_logps: bool = True, share_prompts: bool = True,
                  head_chunk_size: int = 256, merged_rollout: bool = True, compute_dtype: torch.dtype | None = None,
-                 engine: RolloutEngine | None = None, padding_free: bool = False):
+                 engine: RolloutEngine | None = None, padding_free: bool = False, teacher: Reference | None = None):
         self.model = model
+        self.teacher = teacher
         self.padding_free = padding_free
         self.fused_logps = fused_logps
         self.share_prompts = share_prompts
@@ -267,14 +270,17 @@ class CausalLMPolicy:
                 return self._logps(batch, temperature, with_entropy)
         return self._logps(batch, temperature, with_entropy)
 
-    def _logps(self, batch: SequenceBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        model = self.model
+    def _route(self):
+        """(what to call for the policy's forward, its (body, output layer) or None): under data parallelism a
+        forward with gradients goes through the DDP wrapper (plain path, logits); else the model, fused if it can."""
         if self.train_forward is not None and torch.is_grad_enabled():
-            model = lambda **kwargs: self.train_forward("policy", **kwargs)  # noqa: E731
-        else:
-            parts = self.fused_parts(model)
-            if parts is not None:
-                return self._fused(parts, batch, temperature, with_entropy)
+            return (lambda **kwargs: self.train_forward("policy", **kwargs)), None
+        return self.model, self.fused_parts(self.model)
+
+    def _logps(self, batch: SequenceBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        model, parts = self._route()
+        if parts is not None:
+            return self._fused(parts, batch, temperature, with_entropy)
         if self.padding_free:
             mode = packing_mode(self.model)
             with self.autocast():
@@ -330,11 +336,54 @@ class CausalLMPolicy:
         if self.reference is None:
             raise ModelError("this policy has no reference model: the algorithm declared it needs none "
                              "(e.g. GRPO with objective.beta=0). Set objective.beta > 0 to use one.")
-        module = self.reference.module
+        return self._frozen_logps(self.reference, batch, temperature)
+
+    @torch.no_grad()
+    def teacher_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
+        """Per-token log pi_T(completion token) of the teacher, Shape (B, T) float32, no grad.
+
+        Raises:
+            ModelError: the run has no teacher (only ``algo=distill`` declares one).
+        """
+        return self._frozen_logps(self._teacher(), batch, temperature)
+
+    def _teacher(self) -> Reference:
+        if self.teacher is None:
+            raise ModelError("this policy has no teacher: only an algorithm that declares one (algo=distill with "
+                             "algo.teacher=...) gets it.")
+        return self.teacher
+
+    def token_logits(self, batch: SequenceBatch, teacher: bool = False) -> TokenLogits:
+        """The next-token logits at the batch's counted positions (``completion_mask``'s True entries, row-major),
+        :class:`~prefzoo.objective.TokenLogits`: the policy's with gradients, or the teacher's (``teacher=True``)
+        without, at temperature 1. Linear form (final hidden states (N, d), output layer (V, d)) on the fused path;
+        full (N, V) logits where the fused path does not apply (a model whose logits are not its output layer on the
+        last hidden state) and under data parallelism (the forward must go through the DDP wrapper, which returns
+        logits)."""
+        mask = batch.completion_mask
+        if teacher:
+            module = self._teacher().module
+            with torch.no_grad(), eval_mode(module), self._teacher().context():
+                parts = self.fused_parts(module)
+                if parts is not None:
+                    return TokenLogits(self._states(parts[0], batch), parts[1].weight, parts[1].bias)
+                with self.autocast():
+                    return TokenLogits(logits=completion_logits(module, batch)[mask])
+        model, parts = self._route()
+        if parts is not None:
+            return TokenLogits(self._states(parts[0], batch), parts[1].weight, parts[1].bias)
+        with self.autocast():
+            return TokenLogits(logits=completion_logits(model, batch)[mask])
+
+    @torch.no_grad()
+    def _frozen_logps(self, frozen: Reference, batch: SequenceBatch, temperature: float) -> Tensor:
+        """Per-token log-probs of a frozen network (the reference or the teacher), (B, T) float32, under
+        ``torch.inference_mode``, in eval mode."""
+        module = frozen.module
         was_training = module.training
         module.eval()
         try:
-            with torch.inference_mode(), self.reference.context():
+            with torch.inference_mode(), frozen.context():
                 parts = self.fused_parts(module)
                 if parts is not None:
                     logps, _ = self._fused(parts, batch, temperature, False)

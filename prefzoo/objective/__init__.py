@@ -22,6 +22,10 @@ Map (one idea per module):
                     reward on the last token
     surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance; DPPO's
                     divergence mask, SAPO's soft gate, DRO's quadratic penalty (no ratio clip)
+    shaping.py      reward shaping before the advantages: DAPO's overlong penalty, GDPO's per-reward group
+                    normalisation (the decoupled sum)
+    distillation.py the generalised JSD to a teacher per token (GKD; TRL's convention at the ends), chunked with
+                    recomputation over the vocabulary; the teacher's log-ratio as a per-token reward
     importance.py   GSPO's sequence ratio (and GSPO-token's) and the sequence-level clip, CISPO's clipped IS weight,
                     -sg(w) A log pi, a sampler's log-prob mismatch and the weights that correct it (truncated or
                     masked, per token or per sequence: TIS, MIS, IcePop)
@@ -86,6 +90,8 @@ from .prospect import kto_loss
 from .pairwise import PAIRWISE_LOSSES, PairScores, bradley_terry_loss, pairwise_loss
 from .surrogate import (TRUST_REGION_LOSSES, clipped_surrogate_loss, clipped_value_loss, dppo_loss, dro_loss,
                         explained_variance, ratio_statistics, sapo_loss)
+from .shaping import decoupled_group_rewards, overlong_penalty
+from .distillation import TokenLogits, chunked_generalized_jsd, generalized_jsd, teacher_log_ratio_rewards
 from .importance import (CORRECTION_MODES, clipped_is_weight, correction_log_ratio, correction_metrics,
                          correction_weights, gspo_token_log_ratio, sampler_mismatch, sequence_clipped_surrogate_loss,
                          sequence_log_ratio, weighted_policy_gradient_loss)
@@ -93,6 +99,14 @@ from .importance import (CORRECTION_MODES, clipped_is_weight, correction_log_rat
 __all__ = [
     # errors
     "ObjectiveError",
+    # shaping
+    "overlong_penalty",
+    "decoupled_group_rewards",
+    # distillation
+    "TokenLogits",
+    "generalized_jsd",
+    "chunked_generalized_jsd",
+    "teacher_log_ratio_rewards",
     # logprobs
     "token_logps",
     "support_mask",

@@ -109,7 +109,7 @@ def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[
     data = {k: v for k, v in plain(cfg.data).items() if k != "pairs"}
     evaluation = {k: v for k, v in plain(cfg.eval).items() if k not in _WHEN}
     parts = {"version": VERSION, "algo": cfg.algo.name, "model": plain(cfg.model), "data": data,
-             "reward": plain(cfg.reward), "eval": evaluation, "rollout": _rollout_part(plain(cfg.rollout)),
+             "reward": {k: v for k, v in plain(cfg.reward).items() if k not in SHAPING_KEYS}, "eval": evaluation, "rollout": _rollout_part(plain(cfg.rollout)),
              "model_files": model_files(cfg.model.name), "seed": cfg.trainer.seed, "reference": bool(reference),
              "num_samples": int(num_samples), "environment": env}
     if getattr(cfg, "env", None) is not None and cfg.env.name != "none":  # multi-turn episodes (keys before them unchanged)
@@ -117,6 +117,10 @@ def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return f"{cfg.data.name}-{hashlib.sha256(blob).hexdigest()[:16]}", parts
 
+
+#: reward settings that shape the TRAINING rewards only (the scorer of the online rollouts), never the evaluation's
+#: reward: left out of the key, so keys made before they existed (the shipped one included) still match
+SHAPING_KEYS = ("aggregation", "overlong_buffer", "overlong_penalty")
 
 #: rollout settings of the training rollouts' worker (rollout.asynchronous): the evaluation never uses it
 ASYNC_KEYS = ("asynchronous", "max_staleness", "async_timeout", "async_threads")

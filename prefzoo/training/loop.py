@@ -175,6 +175,8 @@ class Trainer:
         self.algo.all_reduce = self.dp.all_reduce_sum if self.dp.enabled else None
         n_rows = len(self.prefs.train) if self.prefs is not None else len(self.train_prompts)
         self.sampler = IndexSampler(n_rows, t.batch_size, t.seed)
+        if self.declaration.draws_prompts:  # dynamic sampling's extra rounds (one process, synchronous: pre-flight)
+            self.algo.draw_prompts = self.extra_prompts
         self.ref_cache = self.precompute_reference() if self.declaration.precompute_reference else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.policy.value_model is not None:
@@ -196,7 +198,10 @@ class Trainer:
         self.optimizer_steps = self.max_steps * self.declaration.epochs * self.declaration.num_minibatches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, self.optimizer_steps))
-        self.scorer = TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id) if self.declaration.reward else None
+        rc = cfg.reward
+        overlong = (cfg.rollout.max_new_tokens, rc.overlong_buffer, rc.overlong_penalty) if rc.overlong_buffer else None
+        self.scorer = (TextScorer(self.tokenizer, self.reward_fn, self.policy.pad_id, rc.aggregation, overlong)
+                       if self.declaration.reward else None)
         self.evaluator = Evaluator(self.algo.evaluation_policy(self.policy, self.scorer),
                                    evaluation_reward(cfg, self.reward_fn, self.eval_prompts), self.eval_prompts, cfg.eval,
                                    correctness_fn=correctness_function(cfg, self.eval_prompts),
@@ -228,6 +233,12 @@ class Trainer:
         stop = len(idx) if stop is None else stop
         prompts.columns[ROLLOUT_SEED_COLUMN] = rollout_seeds(self.cfg.trainer.seed, step, range(start, stop))
         return prompts
+
+    def extra_prompts(self, round: int):
+        """Round ``round`` (>= 1) of the current step's extra prompts (dynamic sampling): the sampler's next batch,
+        with rollout seeds after the step's first round's."""
+        idx = self.sampler.next()
+        return self.step_prompts(idx, self.step, round * len(idx), (round + 1) * len(idx))
 
     def next_batch(self) -> tuple[Batch, dict]:
         """This process's share of the step's global batch (all of it in one process)."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from prefzoo.errors import ConfigError
+from prefzoo.objective import decoupled_group_rewards, overlong_penalty
+from prefzoo.rewards.registry import CombinedReward
 from prefzoo.rewards.protocol import COMPLETION_IDS, COMPLETION_MESSAGES, ENVIRONMENTS, completion_id_lists
 from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SequenceBatch
 
@@ -31,10 +34,19 @@ class TextScorer:
     Decodes each completion (special tokens dropped), repeats the prompt's columns for its samples (not the
     loop's ``rollout_seed``), and calls the reward function. After each call ``last_metrics`` holds the mean
     of each reward function (``reward/<name>``) and ``last_texts`` the decoded completions.
+
+    ``aggregation="gdpo"`` (``reward.aggregation``): the reward of a completion is GDPO's decoupled sum of the
+    functions' scores, each normalised within its prompt's group (:func:`prefzoo.objective.decoupled_group_rewards`,
+    eps 1e-4 as TRL's), instead of their weighted sum; the rows must come in groups of equal size (a rollout's).
+    ``overlong=(max_length, buffer, factor)`` (``reward.overlong_buffer``): DAPO's soft overlong punishment of each
+    completion's policy tokens, added after (:func:`prefzoo.objective.overlong_penalty`); metrics ``reward/overlong``
+    (the mean penalty) and ``reward/frac_overlong`` (the share penalised).
     """
 
-    def __init__(self, tokenizer, reward_fn, pad_id: int):
+    def __init__(self, tokenizer, reward_fn, pad_id: int, aggregation: str = "sum",
+                 overlong: tuple[int, int, float] | None = None):
         self.tokenizer, self.reward_fn, self.pad_id = tokenizer, reward_fn, pad_id
+        self.aggregation, self.overlong = aggregation, overlong
         self.last_metrics: dict[str, float] = {}
         self.last_texts: list[str] = []
         self._missing_seen: set[str] = set()  # functions that returned None once: their missing share is logged on
@@ -65,4 +77,32 @@ class TextScorer:
             rewards = [r + v for r, v in zip(rewards, env)]
             self.last_metrics["reward/env"] = sum(env) / len(env)
         self.last_texts = texts
-        return torch.tensor(rewards, dtype=torch.float32, device=samples.completion_ids.device)
+        device = samples.completion_ids.device
+        out = torch.tensor(rewards, dtype=torch.float32, device=device)
+        if self.aggregation == "gdpo":
+            out = self.decoupled(samples, episodes).to(device)
+        if self.overlong is not None:
+            penalty = overlong_penalty(samples.completion_mask.sum(-1), *self.overlong).to(device)
+            out = out + penalty
+            self.last_metrics["reward/overlong"] = penalty.mean().item()
+            self.last_metrics["reward/frac_overlong"] = (penalty < 0).float().mean().item()
+        return out
+
+    def decoupled(self, samples: SequenceBatch, episodes) -> Tensor:
+        """GDPO's decoupled sum of the last call's components (an environment's reward one more, weight 1)."""
+        if not isinstance(self.reward_fn, CombinedReward):
+            raise ConfigError("reward.aggregation=gdpo normalises each reward function's scores; this run's reward is "
+                              "not a list of functions (reward.functions); use reward.aggregation=sum.")
+        components = dict(self.reward_fn.last_components)
+        weights = list(self.reward_fn.weights)
+        if episodes is not None and any(e.env_reward is not None for e in episodes):
+            components["env"], weights = [e.env_reward for e in episodes], weights + [1.0]
+        index = samples.prompt_index
+        groups = int(index.max()) + 1 if index is not None and len(index) else 0
+        g = len(index) // groups if groups else 0
+        if not groups or g < 2 or not torch.equal(index.cpu(), torch.arange(groups).repeat_interleave(g)):
+            raise ConfigError("reward.aggregation=gdpo normalises each reward within a prompt's group: the rows must "
+                             "come in groups of equal size >= 2 (algo.num_samples >= 2).")
+        table = torch.tensor([[float("nan") if v is None else float(v) for v in scores]
+                              for scores in components.values()], dtype=torch.float64)
+        return decoupled_group_rewards(table, torch.tensor(weights), g)

@@ -258,11 +258,16 @@ def build_policy(cfg: Config, declaration: Declaration, tokenizer, device: torch
         for module in copies:
             use_gqa_attention(module)
     padding_free = use_padding_free(fast, declaration, copies, value_model)
+    teacher = None
+    if declaration.teacher is not None:  # algo=distill: frozen beside the policy
+        from prefzoo.training.trained import build_teacher
+
+        teacher = build_teacher(cfg, declaration.teacher, tokenizer, device)
     policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen, fused_logps=fast.fused_logps,
                             share_prompts=fast.share_prompts, head_chunk_size=fast.head_chunk_size,
                             merged_rollout=fast.merged_rollout,
                             compute_dtype=getattr(torch, m.compute_dtype) if m.compute_dtype else None,
-                            engine=engine, padding_free=padding_free)
+                            engine=engine, padding_free=padding_free, teacher=teacher)
     return Built(policy, model, tokenizer, time.perf_counter() - start)
 
 

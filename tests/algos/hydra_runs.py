@@ -33,3 +33,8 @@ def letter_share(prompts, completions, **_):
 
 #: reward=sentiment's prompts with the letter-share reward
 LETTER_REWARD = 'reward.functions=["tests.algos.hydra_runs:letter_share"]'
+
+
+#: the settings a built-in plugin cannot default (distillation's teacher), for tests that build every plugin with its
+#: other defaults
+REQUIRED_SETTINGS = {"distill": {"teacher": "smollm2"}}

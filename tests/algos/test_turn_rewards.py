@@ -111,10 +111,11 @@ def test_reinforce_pp_whitened_returns_tell_the_turns_apart():
 def test_only_the_plugins_with_per_token_returns_declare_it():
     from prefzoo.algos import REGISTRY
     from prefzoo.config import Config, resolve_objective
+    from tests.algos.hydra_runs import REQUIRED_SETTINGS
 
     declared = set()
     for name, cls in REGISTRY.items():
-        cfg = Config(algo=cls.config_class())
+        cfg = Config(algo=cls.config_class(**REQUIRED_SETTINGS.get(name, {})))
         if cls(cfg.algo, resolve_objective(cfg)).declaration.has("turn_rewards"):
             declared.add(name)
     assert declared == {"ppo", "reinforce_pp"}

@@ -181,3 +181,15 @@ def test_cases_table_has_ppo_rows_exactly_when_the_plugin_is_registered():
     labels = [c.label for c in default_cases()]
     assert any(lab.startswith("PPO") for lab in labels) == ("ppo" in REGISTRY)
     assert all(isinstance(c, Case) for c in default_cases())
+
+
+@pytest.mark.parametrize("label,steps", [("distill jsd, jsd_beta=0.5", 80), ("distill teacher_reward", 200),
+                                         ("distill teacher_reward + KL to pi_ref (b=0.5, k1 in reward)", 200)])
+def test_distillation_reaches_the_teacher(label, steps):
+    """pi_T = pi* of the bandit is the teacher; the JSD and the teacher's log-ratio reward reach it; with a KL to pi_ref
+    (b = 0.5) on top the fixed point is the geometric mixture pi_T^(2/3) pi_ref^(1/3) / Z, derived in the case
+    (:func:`prefzoo.lab.conformance.distillation_cases`), 0.076 TV away from the teacher."""
+    res = _run(label, steps=steps)
+    _matches(res, res.target, cap=0.01)
+    if "KL to pi_ref" in label:
+        assert _tv(res, _star()) > 0.05

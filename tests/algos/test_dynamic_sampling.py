@@ -1,0 +1,87 @@
+"""DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2: keep the groups with 0 < #correct < G, draw more prompts until the
+batch is full) in the online family, on the tabular bed where which groups are informative is known: prompt 0's
+responses all score 1 (never informative), prompt 1's score 0, 1, 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefzoo.errors import ConfigError
+from prefzoo.lab.runner import build_algorithm
+from prefzoo.lab.tabular import TableScorer, TabularPolicy, prompt_batch
+
+REWARDS = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+G = 4
+
+
+def _run(draw_rows, max_extra_draws=3, first=(0, 0, 1, 1), seed=0):
+    algo = build_algorithm("grpo", dict(num_samples=G, scale_rewards="none", dynamic_sampling=True,
+                                        max_extra_draws=max_extra_draws), dict(beta=0.0), 0.0)
+    policy = TabularPolicy(torch.zeros(2, 3), with_reference=False, seed=seed)
+    drawn = []
+
+    def draw(round):
+        drawn.append(round)
+        return prompt_batch(torch.tensor(draw_rows))
+
+    algo.draw_prompts = draw
+    batch, metrics = algo.make_experience(policy, prompt_batch(torch.tensor(first)), TableScorer(REWARDS))
+    return batch, metrics, drawn
+
+
+def _groups(batch):
+    rewards = batch.rewards.view(-1, G)
+    return batch.prompt_ids[::G, -1].tolist(), (rewards.max(-1).values != rewards.min(-1).values).tolist()
+
+
+def test_the_batch_is_refilled_with_informative_groups_only():
+    """4 groups asked; round 0 has 2 of prompt 0 (dropped) and 2 of prompt 1 (informative unless all 4 samples drew
+    the same reward: (1/3)^4 + (2/3)^4 = 0.21 each); every extra round draws 4 prompt-1 groups. The batch holds 4
+    groups, every one of prompt 1 and informative; each round's dropped groups are counted."""
+    batch, m, drawn = _run([1, 1, 1, 1])
+    prompts, informative = _groups(batch)
+    assert len(batch.rewards) == 4 * G and prompts == [1, 1, 1, 1] and all(informative)
+    assert m["dynamic/kept_groups"] == 4 and m["dynamic/extra_draws"] == len(drawn) >= 1
+    assert drawn == list(range(1, len(drawn) + 1))  # rounds 1, 2, ...: distinct rollout seeds per round
+    assert m["dynamic/dropped_groups"] >= 2  # prompt 0's two groups at least
+    # advantages: r - group mean with scale none: a group of prompt 1 with rewards (0, 1, 0, 0) gets (-.25, .75, ...)
+    a = batch.advantages[:, 0].view(-1, G)
+    torch.testing.assert_close(a, batch.rewards.view(-1, G) - batch.rewards.view(-1, G).mean(-1, keepdim=True))
+
+
+def test_at_the_cap_the_step_trains_on_fewer_groups():
+    """Extra rounds that bring only prompt 0 (never informative): after max_extra_draws=2 rounds the batch is round
+    0's informative groups, fewer than 4."""
+    batch, m, drawn = _run([0, 0, 0, 0], max_extra_draws=2)
+    prompts, informative = _groups(batch)
+    assert drawn == [1, 2] and m["dynamic/extra_draws"] == 2
+    assert set(prompts) == {1} and all(informative) and 0 < len(prompts) <= 2
+    assert m["dynamic/dropped_groups"] == 2 + 8 + (2 - len(prompts))
+
+
+def test_without_any_informative_group_the_first_round_is_kept():
+    batch, m, drawn = _run([0, 0, 0, 0], max_extra_draws=1, first=(0, 0, 0, 0))
+    assert len(batch.rewards) == 4 * G and m["dynamic/kept_groups"] == 0 and drawn == [1]
+    assert float(batch.advantages.abs().max()) == 0.0
+
+
+def test_the_plugins_without_a_group_baseline_refuse_it():
+    with pytest.raises(ConfigError, match="baseline is the batch"):
+        build_algorithm("reinforce_pp", dict(dynamic_sampling=True), {}, 0.05)
+    with pytest.raises(ConfigError, match="max_extra_draws=-1 >= 0"):
+        build_algorithm("rloo", dict(dynamic_sampling=True, max_extra_draws=-1), {}, 0.05)
+    build_algorithm("reinforce_pp", dict(dynamic_sampling=True, baseline="group"), {}, 0.05)  # the group baseline
+
+
+def test_it_runs_through_the_loop_and_is_refused_with_asynchronous_rollouts(tmp_path):
+    from prefzoo.training.loop import Trainer
+    from tests.algos.hydra_runs import LETTER_REWARD, TINY_RUN, compose
+    from tests.algos.test_distill import check_config
+
+    run = [LETTER_REWARD, *TINY_RUN, "eval.before=false", "eval.after=false", "trainer.max_steps=2",
+           "algo.dynamic_sampling=true"]
+    summary = Trainer(compose(["algo=grpo", *run]), tmp_path).run()
+    assert summary["final_train_metrics"]["dynamic/kept_groups"] >= 1
+    with pytest.raises(ConfigError, match="synchronous rollouts only"):
+        check_config(["algo=grpo", "algo.dynamic_sampling=true", "rollout.asynchronous=true"])
