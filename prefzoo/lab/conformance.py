@@ -215,8 +215,8 @@ def zoo_2026_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
     penalty (DRO's penalty is 0 at delta = 0 and its gradient -(A - beta delta) vanishes with A = 0 and delta = 0):
     pi* is their fixed point, as it is the clip's. k3 as a loss with ``kl_bias_correction``: the term's expected
     gradient is the reverse KL's (:func:`prefzoo.objective.kl_loss`), so the fixed point moves from the forward-KL
-    optimum (the plain k3 row above) to pi* at beta G/(G-1). MaxRL: :func:`~prefzoo.lab.oracles.maxrl_fixed_point`
-    (approximate: reported)."""
+    optimum (the plain k3 row above) to pi* at beta G/(G-1). MaxRL: :func:`~prefzoo.lab.oracles.maxrl_fixed_point`,
+    the exact population fixed point (every group of G enumerated: the random 1/mean included)."""
     c = group / (group - 1)
     k1r = dict(kl_estimator="k1", kl_placement="in_reward")
     star = lambda b: optimal_policy(b.ref_probs, b.rewards, beta)  # noqa: E731
@@ -230,8 +230,8 @@ def zoo_2026_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
              lambda b: optimal_policy(b.ref_probs, b.rewards, beta * c)),
         Case("GRPO MaxRL (scale_rewards=mean), k2 as loss, G=4", "grpo", dict(num_samples=4, scale_rewards="mean"),
              dict(kl_estimator="k2", kl_placement="as_loss"),
-             "~ pi* at the per-prompt beta (4/3) E_pi[r] (self-consistent; approximate)",
-             lambda b: maxrl_fixed_point(b, beta * 4 / 3), claim="report", steps=300),
+             "the population fixed point of (r - m)/m over every group of 4 (exact enumeration)",
+             lambda b: maxrl_fixed_point(b, beta, 4), steps=300),
     ]
     return cases
 

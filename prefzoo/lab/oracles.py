@@ -153,21 +153,49 @@ def grpo_group_std_target(bandit: TabularBandit, beta: float, group: int, iters:
     return pi
 
 
-def maxrl_fixed_point(bandit: TabularBandit, beta: float, iters: int = 500) -> Tensor:
-    """APPROXIMATE fixed point of MaxRL's advantage (r - mean_g) / mean_g with a KL whose gradient is the reverse KL's
-    (k2 as a loss), ``beta`` already scaled by the group's G/(G-1).
+def maxrl_fixed_point(bandit: TabularBandit, beta: float, group: int = 4, eps: float = 1e-4, iters: int = 20000,
+                      tol: float = 1e-11) -> Tensor:
+    """EXACT population fixed point of GRPO with MaxRL's advantage and k2 as a loss on the single-token bed.
 
-    For r >= 0 the policy term's expected gradient is grad J / J = grad log J (J = E_pi[r] of the prompt), so the
-    update ascends log J - beta KL(pi || pi_ref); stationarity gives grad J = beta J grad KL: pi* at the per-prompt
-    beta J(pi), solved self-consistently by damped iteration. Approximate: it ignores that the sample mean of G
-    rewards is random (E[1/mean] != 1/E[mean]: an O(1/G) shift). Shape (P, K) float64.
+    One step's expected gradient in the logits z of a prompt, over groups (y_1..y_G) ~ pi iid, enumerated exactly
+    (K^G outcomes), with m = mean of the group's rewards:
+
+        A_i = (r(y_i) - m) / (m + eps)   (0 when m <= 0)        policy term:  E[(1/G) sum_i A_i (e_{y_i} - pi)]
+        KL term (k2 = rho^2 / 2, rho = log pi/pi_ref, on the same samples):   beta E_{y~pi}[rho(y) (e_y - pi)]
+
+    (grad_z log pi(y) = e_y - pi). The fixed point is where the two are equal; it is found by ascending the
+    difference from pi_ref (a vector field, not a gradient: MaxRL's update is the gradient of no scalar here) until
+    its largest component is below ``tol``. This is the random 1/m that the earlier self-consistent approximation
+    (pi* at beta (G/(G-1)) E_pi[r]) ignored. ``beta`` is the run's beta: the group's (G-1)/G shrinkage is in the
+    enumeration. Shape (P, K) float64.
+
+    Raises:
+        RuntimeError: the iteration did not reach ``tol`` (the message gives the residual).
     """
+    import itertools
+
     ref, r = bandit.ref_probs.double(), bandit.rewards.double()
-    pi = ref.clone()
-    for _ in range(iters):
-        t = beta * (pi * r).sum(-1, keepdim=True).clamp(min=1e-8)
-        pi = 0.5 * pi + 0.5 * torch.softmax(torch.log(ref) + r / t, dim=-1)
-    return pi
+    p, k = r.shape
+    outcomes = torch.tensor(list(itertools.product(range(k), repeat=group)))  # (K^G, G)
+    onehot = torch.nn.functional.one_hot(outcomes, k).double()  # (K^G, G, K)
+    z = torch.log(ref).clone()
+    for step in range(iters):
+        pi = torch.softmax(z, -1)
+        prob = pi[:, outcomes].prod(-1)  # (P, K^G): pi(y_1) ... pi(y_G)
+        rew = r[:, outcomes]  # (P, K^G, G)
+        m = rew.mean(-1, keepdim=True)
+        adv = torch.where(m > 0, (rew - m) / (m + eps), torch.zeros_like(rew))
+        # (1/G) sum_i A_i (e_{y_i} - pi) per outcome: (P, K^G, K)
+        term = (adv[..., None] * (onehot[None] - pi[:, None, None, :])).mean(-2)
+        policy = (prob[..., None] * term).sum(1)
+        rho = torch.log(pi) - torch.log(ref)
+        kl = pi * rho - pi * (pi * rho).sum(-1, keepdim=True)  # E_y[rho(y) (e_y - pi)]
+        field = policy - beta * kl
+        if float(field.abs().max()) < tol:
+            return torch.softmax(z, -1)
+        z = z + 2.0 * field
+    raise RuntimeError(f"maxrl_fixed_point: no fixed point to {tol} after {iters} steps (residual "
+                       f"{float(field.abs().max()):.2e})")
 
 
 def best_of_n_policy(bandit: TabularBandit, n: int) -> Tensor:
