@@ -151,10 +151,15 @@ def preflight(cfg: DictConfig) -> Preflight:
     check_correction_support(typed, declaration.has("sampler_correction"))  # rollout.correction.* honoured?
     check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
     check_teacher(declaration.teacher)  # algo=distill: a teacher prefzoo can load
-    if typed.reward.aggregation == "gdpo" and (not declaration.online or declaration.num_samples < 2):
+    if typed.reward.aggregation == "gdpo" and not (declaration.online and declaration.trains
+                                                   and declaration.num_samples >= 2):
         raise ConfigError(f"reward.aggregation=gdpo normalises each reward within a prompt's group of samples; "
                           f"algo={typed.algo.name} samples {declaration.num_samples} per prompt. Use a group-sampling "
                           "plugin with algo.num_samples >= 2, or reward.aggregation=sum.")
+    if typed.reward.overlong_buffer is not None and not (declaration.online and declaration.trains):
+        raise ConfigError(f"reward.overlong_buffer shapes the rewards of an online plugin's training samples; "
+                          f"algo={typed.algo.name} trains on none (its data or answers are scored as they are). "
+                          "Drop reward.overlong_buffer.")
     if declaration.draws_prompts and (launched_world_size() > 1 or typed.rollout.asynchronous):
         raise ConfigError("algo.dynamic_sampling=true draws more prompts within a step, which prefzoo does in one "
                           "process with synchronous rollouts only; set it to false, or run without data parallelism "

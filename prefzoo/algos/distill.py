@@ -173,5 +173,7 @@ class Distill(OnlinePolicyGradient):
             metrics, more = update_metrics(logps, logps.detach(), mask, torch.zeros_like(mask), entropy,
                                            batch.ref_logps, True, completion)
             tokens.update(more)
-            per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens)
+            old = batch.old_logps if batch.old_logps is not None else logps.detach()
+            per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
+                                    old_logps=old)
         return LossOutput(per_token, mask, metrics, tokens)

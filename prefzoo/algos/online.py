@@ -139,6 +139,11 @@ def check_online_settings(cfg: OnlineConfig, objective: ObjectiveSettings, min_s
         raise ConfigError(f"algo.dynamic_sampling=true drops the groups of algo.num_samples={cfg.num_samples} "
                           f"completions whose rewards are all equal: it needs num_samples >= 2 and "
                           f"algo.max_extra_draws={cfg.max_extra_draws} >= 0.")
+    if cfg.dynamic_sampling and objective.beta > 0 and objective.kl_placement == "in_reward":
+        raise ConfigError(f"algo.dynamic_sampling=true with the KL in the reward (objective.beta={objective.beta}, "
+                          "kl_placement=in_reward): a group of equal rewards still carries the KL penalty's "
+                          "advantages, so dropping it would change the update; put the KL in the loss "
+                          "(objective.kl_placement=as_loss) or set objective.beta=0.")
     check_adaptive_start(objective)
 
 
@@ -151,7 +156,7 @@ def check_dynamic_sampling(cfg: OnlineConfig, why: str) -> None:
     """
     if cfg.dynamic_sampling:
         raise ConfigError(f"algo.dynamic_sampling=true is for plugins whose baseline is the group (GRPO, GSPO, CISPO, "
-                          f"RLOO, REINFORCE++ with algo.baseline=group); algo={cfg.name}: {why}.")
+                          f"RLOO); algo={cfg.name}: {why}.")
 
 
 def check_adaptive_start(objective: ObjectiveSettings) -> None:

@@ -76,9 +76,9 @@ class ReinforcePP(OnlinePolicyGradient):
         if cfg.num_samples < (2 if cfg.baseline == "group" else 1):
             raise ConfigError(f"algo.num_samples={cfg.num_samples}: must be >= 1, and >= 2 with algo.baseline=group "
                               "(the group mean is the baseline).")
+        check_dynamic_sampling(cfg, "its advantages are whitened over the whole batch (either baseline), so a group of "
+                                    "equal rewards still carries advantages")
         check_online_settings(cfg, objective)
-        if cfg.baseline != "group":
-            check_dynamic_sampling(cfg, "with algo.baseline=none its baseline is the batch, not the group")
         check_policy_clip(cfg)
         check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
 

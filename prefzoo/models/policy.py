@@ -359,7 +359,11 @@ class CausalLMPolicy:
         without, at temperature 1. Linear form (final hidden states (N, d), output layer (V, d)) on the fused path;
         full (N, V) logits where the fused path does not apply (a model whose logits are not its output layer on the
         last hidden state) and under data parallelism (the forward must go through the DDP wrapper, which returns
-        logits)."""
+        logits). When the two output layers differ in rows (a padded embedding), both are cut to the tokenizer's
+        tokens."""
+        return self._over_vocabulary(self._token_logits(batch, teacher))
+
+    def _token_logits(self, batch: SequenceBatch, teacher: bool) -> TokenLogits:
         mask = batch.completion_mask
         if teacher:
             module = self._teacher().module
@@ -374,6 +378,17 @@ class CausalLMPolicy:
             return TokenLogits(self._states(parts[0], batch), parts[1].weight, parts[1].bias)
         with self.autocast():
             return TokenLogits(logits=completion_logits(model, batch)[mask])
+
+    def _over_vocabulary(self, side: TokenLogits) -> TokenLogits:
+        """``side`` over the tokenizer's tokens only when the teacher's output layer and the student's differ in rows
+        (a padded embedding on one side: the rows past the tokenizer's tokens stand for no token); else unchanged."""
+        rows = lambda module: module.get_output_embeddings().weight.shape[0]  # noqa: E731
+        if self.teacher is None or rows(self.teacher.module) == rows(self.model):
+            return side
+        n = len(self.tokenizer)
+        if side.logits is not None:
+            return TokenLogits(logits=side.logits[:, :n])
+        return TokenLogits(side.states, side.weight[:n], None if side.bias is None else side.bias[:n])
 
     @torch.no_grad()
     def _frozen_logps(self, frozen: Reference, batch: SequenceBatch, temperature: float) -> Tensor:

@@ -242,6 +242,8 @@ class Trainer:
 
     def next_batch(self) -> tuple[Batch, dict]:
         """This process's share of the step's global batch (all of it in one process)."""
+        if self.scorer is not None:
+            self.scorer.new_step()  # the step's reward/<name> metrics: its first scoring's (dynamic sampling scores more)
         if self.async_rollouts is not None:
             return self.async_batch()
         # rows an asynchronous run had drawn ahead before its checkpoint come first (resumed synchronously)

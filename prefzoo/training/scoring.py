@@ -33,7 +33,8 @@ class TextScorer:
 
     Decodes each completion (special tokens dropped), repeats the prompt's columns for its samples (not the
     loop's ``rollout_seed``), and calls the reward function. After each call ``last_metrics`` holds the mean
-    of each reward function (``reward/<name>``) and ``last_texts`` the decoded completions.
+    of each reward function (``reward/<name>``) and ``last_texts`` the decoded completions; after :meth:`new_step`
+    only the first call's metrics are kept until the next :meth:`new_step`.
 
     ``aggregation="gdpo"`` (``reward.aggregation``): the reward of a completion is GDPO's decoupled sum of the
     functions' scores, each normalised within its prompt's group (:func:`prefzoo.objective.decoupled_group_rewards`,
@@ -50,6 +51,7 @@ class TextScorer:
         self.last_metrics: dict[str, float] = {}
         self.last_texts: list[str] = []
         self._missing_seen: set[str] = set()  # functions that returned None once: their missing share is logged on
+        self._in_step, self._first = False, True  # after new_step: only the step's first call sets last_metrics
 
     def __call__(self, samples: SequenceBatch, prompts: PromptBatch) -> Tensor:
         """Multi-turn episodes (``samples.episodes``): a positional reward function scores each episode's final
@@ -70,12 +72,12 @@ class TextScorer:
             cols[COMPLETION_MESSAGES] = [e.messages for e in episodes]
             cols[ENVIRONMENTS] = [e.environment for e in episodes]
         rewards = [float(r) for r in self.reward_fn(prompt_texts, texts, **cols)]
-        self.last_metrics = component_metrics(getattr(self.reward_fn, "last_components", {}) or {},
-                                              self._missing_seen)
+        keep, self._first = not self._in_step or self._first, False
+        metrics = component_metrics(getattr(self.reward_fn, "last_components", {}) or {}, self._missing_seen)
         if episodes is not None and any(e.env_reward is not None for e in episodes):
             env = [e.env_reward or 0.0 for e in episodes]
             rewards = [r + v for r, v in zip(rewards, env)]
-            self.last_metrics["reward/env"] = sum(env) / len(env)
+            metrics["reward/env"] = sum(env) / len(env)
         self.last_texts = texts
         device = samples.completion_ids.device
         out = torch.tensor(rewards, dtype=torch.float32, device=device)
@@ -84,9 +86,16 @@ class TextScorer:
         if self.overlong is not None:
             penalty = overlong_penalty(samples.completion_mask.sum(-1), *self.overlong).to(device)
             out = out + penalty
-            self.last_metrics["reward/overlong"] = penalty.mean().item()
-            self.last_metrics["reward/frac_overlong"] = (penalty < 0).float().mean().item()
+            metrics["reward/overlong"] = penalty.mean().item()
+            metrics["reward/frac_overlong"] = (penalty < 0).float().mean().item()
+        if keep:
+            self.last_metrics = metrics
         return out
+
+    def new_step(self) -> None:
+        """The next call's metrics become ``last_metrics`` and the later calls' of the same step do not replace them
+        (dynamic sampling scores extra rounds: the step's ``reward/<name>`` stay its first round's, as ``reward``)."""
+        self._in_step, self._first = True, True
 
     def decoupled(self, samples: SequenceBatch, episodes) -> Tensor:
         """GDPO's decoupled sum of the last call's components (an environment's reward one more, weight 1)."""

@@ -83,17 +83,28 @@ def load_trained_model(run_dir: str | Path, device="cpu", who: str = "prefzoo.lo
     device = torch.device(device)
     tokenizer = load_tokenizer(model_cfg.name)
     if weights.name == ADAPTER_DIR:
-        from peft import PeftModel
-
         cfg = Config(algo=None, model=model_cfg, trainer=TrainerConfig(seed=seed))
         base = build_base_model(cfg, tokenizer, device)
-        model = PeftModel.from_pretrained(base, str(weights), is_trainable=False)
+        model = _load_adapter(base, weights, who)
     else:
         model = load_causal_lm(str(weights), dtype=model_cfg.dtype).to(device)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tokenizer, model_cfg
+
+
+def _load_adapter(base: torch.nn.Module, folder: Path, who: str):
+    """peft's ``PeftModel.from_pretrained`` (frozen), its errors (an adapter of another base: a size mismatch) in one
+    line."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(base, str(folder), is_trainable=False)
+    except (RuntimeError, ValueError, KeyError, OSError) as err:
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ModelError(f"{who}: the adapter {folder} does not load on its base model ({first[:200]}); an adapter "
+                         "loads on the model it was trained on (a run folder names its base in config.yaml).") from None
 
 
 def _frozen(model: torch.nn.Module) -> torch.nn.Module:
@@ -113,8 +124,9 @@ def build_teacher(cfg: Config, spec: str, tokenizer, device: torch.device) -> Re
     * anything else: a model path or Hugging Face id (``model.dtype``), or a built-in name (``smollm2``; ``tiny``: the
       random model of this run's seed and shape).
 
-    The teacher must share the student's vocabulary: its output layer has as many rows as the student's tokenizer
-    has tokens or more (a padded embedding), and a run folder's tokenizer must be the student's.
+    The teacher must share the student's vocabulary: a run folder's or a model's tokenizer must be the student's (an
+    adapter folder and the built-in names use the student's), and its output layer must have at least as many rows as
+    the tokenizer has tokens (a padded embedding: the policy then compares the two over the tokenizer's tokens).
 
     Raises:
         ConfigError: the vocabularies differ (the message gives both sizes).
@@ -123,7 +135,7 @@ def build_teacher(cfg: Config, spec: str, tokenizer, device: torch.device) -> Re
     from prefzoo.training.setup import build_base_model
 
     who = f"algo.teacher={spec}"
-    path = Path(spec)
+    path = Path(spec).expanduser()
     run_like = path.is_dir() and any((path / name).exists() for name in (CONFIG_FILE, ADAPTER_DIR, MODEL_DIR))
     if run_like and not (path / "adapter_config.json").is_file():  # a run folder: its files, or a one-line refusal
         model, teacher_tok, model_cfg = load_trained_model(path, device, who)
@@ -133,15 +145,24 @@ def build_teacher(cfg: Config, spec: str, tokenizer, device: torch.device) -> Re
                               "next-token distributions over one vocabulary.")
         kind = "run"
     elif path.is_dir() and (path / "adapter_config.json").is_file():
-        from peft import PeftModel
-
         unsafe = pickled_adapter(path)
         if unsafe:
             raise RunFolderError(f"{who}: {unsafe}")
-        model = PeftModel.from_pretrained(build_base_model(cfg, tokenizer, device), str(path), is_trainable=False)
+        model = _load_adapter(build_base_model(cfg, tokenizer, device), path, who)
         kind = "adapter"
     else:
-        model = load_causal_lm(spec, dtype=cfg.model.dtype, tokenizer=tokenizer, seed=cfg.trainer.seed,
+        name = str(path) if path.exists() else spec
+        if name not in ("smollm2", "tiny"):  # (the built-in names use the student's tokenizer)
+            try:
+                teacher_tok = load_tokenizer(name)
+            except ModelError as err:
+                raise ConfigError(f"{who}: its tokenizer cannot be read ({err}), so its vocabulary cannot be checked "
+                                  "against the student's; give a model folder with its tokenizer files.") from None
+            if teacher_tok.get_vocab() != tokenizer.get_vocab():
+                raise ConfigError(f"{who}: the teacher's tokenizer ({len(teacher_tok)} tokens) is not the student's "
+                                  f"({cfg.model.name}, {len(tokenizer)} tokens); distillation compares next-token "
+                                  "distributions over one vocabulary.")
+        model = load_causal_lm(name, dtype=cfg.model.dtype, tokenizer=tokenizer, seed=cfg.trainer.seed,
                                tiny_kwargs={"hidden_size": cfg.model.tiny_hidden_size,
                                             "num_layers": cfg.model.tiny_layers}).to(device)
         kind = "model"

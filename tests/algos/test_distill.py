@@ -83,6 +83,7 @@ def teachers(tmp_path_factory):
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(4.0)
     model.save_pretrained(root / "model")
+    smollm2_tokenizer().save_pretrained(root / "model")  # a model folder names its tokenizer (the vocabulary check)
     prefzoo.train(["algo=grpo", *RUN, "trainer.max_steps=1"], run_dir=root / "run")
     return root
 
@@ -145,16 +146,60 @@ def test_bad_settings_are_one_line_before_anything_loads(overrides, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_an_empty_folder_and_another_vocabulary_are_one_line(tmp_path):
-    from prefzoo.models.loading import tiny_llama_config
+def test_an_empty_folder_another_vocabulary_and_another_base_are_one_line(tmp_path, teachers):
+    """An empty folder; a model without its tokenizer (the vocabulary cannot be checked); a model of the student's
+    tokenizer with an output layer of 100 rows; a model of another tokenizer; an adapter trained on a 32-wide base used
+    over the 64-wide student's (peft's size mismatch, a 23-line error, in one line)."""
+    import prefzoo
+    from prefzoo.errors import ModelError
+    from prefzoo.models.loading import smollm2_tokenizer, tiny_llama_config
     from prefzoo.training.loop import Trainer
     from transformers import LlamaForCausalLM
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no run"):
         check_config(["algo=distill", f"algo.teacher={tmp_path / 'empty'}"])
+    LlamaForCausalLM(tiny_llama_config(100)).save_pretrained(tmp_path / "bare")
     LlamaForCausalLM(tiny_llama_config(100)).save_pretrained(tmp_path / "small")
-    with pytest.raises(ConfigError, match="covers 100 tokens") as err:
-        Trainer(compose(["algo=distill", f"algo.teacher={tmp_path / 'small'}", *RUN, "trainer.max_steps=1"]),
-                tmp_path / "out")
-    assert "\n" not in str(err.value)
+    smollm2_tokenizer().save_pretrained(tmp_path / "small")
+    prefzoo.train(["algo=grpo", *RUN, "trainer.max_steps=1", "model.tiny_hidden_size=32"], run_dir=tmp_path / "narrow")
+    for teacher, kind, message in [("bare", ConfigError, "its tokenizer cannot be read"),
+                                   ("small", ConfigError, "covers 100 tokens"),
+                                   ("narrow/adapter", ModelError, "does not load on its base model")]:
+        with pytest.raises(kind, match=message) as err:
+            Trainer(compose(["algo=distill", f"algo.teacher={tmp_path / teacher}", *RUN, "trainer.max_steps=1"]),
+                    tmp_path / f"out-{teacher.replace('/', '-')}")
+        assert "\n" not in str(err.value)
+
+
+def test_a_teacher_with_a_padded_output_layer_is_compared_over_the_tokenizers_tokens(tmp_path):
+    """A teacher whose output layer has 64 rows more than the tokenizer's tokens (a padded embedding, as between model
+    sizes of one family): the JSD runs over the tokenizer's tokens."""
+    from prefzoo.models.loading import load_causal_lm, smollm2_tokenizer, tiny_llama_config
+    from prefzoo.training.loop import Trainer
+    from transformers import LlamaForCausalLM
+
+    tok = smollm2_tokenizer()
+    LlamaForCausalLM(tiny_llama_config(len(tok) + 64)).save_pretrained(tmp_path / "padded")
+    tok.save_pretrained(tmp_path / "padded")
+    summary = Trainer(compose(["algo=distill", f"algo.teacher={tmp_path / 'padded'}", *RUN, "trainer.max_steps=1"]),
+                      tmp_path / "out").run()
+    assert math.isfinite(summary["final_train_metrics"]["divergence"])
+
+
+def test_the_bias_corrected_kl_applies_to_the_jsd_losss_kl_term():
+    """objective.kl_bias_correction with k3 as a loss beside the JSD: at ratio 1 the corrected term has the same value
+    and another gradient (k3 x pi/pi_old: d/dz adds k3 (e_y - pi)), so turning it on must change the gradient."""
+    grads = []
+    for corrected in (False, True):
+        algo = build_algorithm("distill", dict(teacher="table"), dict(beta=0.5, kl_estimator="k3", kl_placement="as_loss",
+                                                                       kl_bias_correction=corrected), 0.5)
+        policy = TabularPolicy(REF, init_logits=REF + torch.tensor([0.3, -0.2, 0.1]), seed=0, teacher_logits=TEACHER)
+        batch, _ = algo.make_experience(policy, PromptSource(2, repeats=4).next(), TableScorer(torch.zeros(2, 3)))
+        out = algo.loss(policy, batch)
+        _loss(algo, batch, out).backward()
+        grads.append((policy.logits.grad.clone(), out.token_metrics["kl_loss"]))
+    assert grads[0][1] == pytest.approx(grads[1][1])  # the same value
+    assert (grads[0][0] - grads[1][0]).abs().max() > 1e-4
+
+

@@ -67,11 +67,36 @@ def test_without_any_informative_group_the_first_round_is_kept():
 
 
 def test_the_plugins_without_a_group_baseline_refuse_it():
-    with pytest.raises(ConfigError, match="baseline is the batch"):
+    with pytest.raises(ConfigError, match="whitened over the whole batch"):
         build_algorithm("reinforce_pp", dict(dynamic_sampling=True), {}, 0.05)
+    with pytest.raises(ConfigError, match="whitened over the whole batch"):
+        build_algorithm("reinforce_pp", dict(dynamic_sampling=True, baseline="group"), {"kl_placement": "as_loss"}, 0.0)
+    with pytest.raises(ConfigError, match="still carries the KL penalty"):  # RLOO's default: k1 in the reward, 0.05
+        build_algorithm("rloo", dict(dynamic_sampling=True), {"kl_estimator": "k1", "kl_placement": "in_reward"}, 0.05)
     with pytest.raises(ConfigError, match="max_extra_draws=-1 >= 0"):
         build_algorithm("rloo", dict(dynamic_sampling=True, max_extra_draws=-1), {}, 0.05)
-    build_algorithm("reinforce_pp", dict(dynamic_sampling=True, baseline="group"), {}, 0.05)  # the group baseline
+    build_algorithm("rloo", dict(dynamic_sampling=True), {"kl_estimator": "k1", "kl_placement": "in_reward"}, 0.0)
+
+
+def test_the_step_reports_the_first_rounds_reward_metrics():
+    """The scorer is called once per round; after new_step (the loop's, each step) its reward/<name> metrics stay the
+    first call's, as the step's ``reward`` does."""
+    from prefzoo.models.loading import smollm2_tokenizer
+    from prefzoo.rewards.registry import make_reward
+    from prefzoo.training.scoring import TextScorer
+    from tests.training.test_reward_shaping import _batch
+
+    tok = smollm2_tokenizer()
+    scorer = TextScorer(tok, make_reward(["tests.training.test_reward_shaping:digits"]), 0)
+    first, prompts = _batch(tok, ["1", "22"], groups=1)
+    second, _ = _batch(tok, ["333", "4444"], groups=1)
+    scorer(first, prompts)
+    scorer(second, prompts)
+    assert scorer.last_metrics["reward/digits"] == 3.5  # no step: each call replaces them
+    scorer.new_step()
+    scorer(first, prompts)
+    scorer(second, prompts)
+    assert scorer.last_metrics["reward/digits"] == 1.5
 
 
 def test_it_runs_through_the_loop_and_is_refused_with_asynchronous_rollouts(tmp_path):

@@ -75,7 +75,8 @@ def test_a_run_trains_with_both_and_bad_settings_are_one_line(tmp_path):
     assert abs(m["reward"] - m["reward/overlong"]) < 1e-5  # the decoupled sum's mean over whole groups is 0
     for overrides, message in [(["algo=dpo", "reward.aggregation=gdpo"], "samples 0 per prompt"),
                                (["algo=grpo", "reward.overlong_buffer=7"], "reward.overlong_buffer=7 must be in [1"),
-                               (["algo=grpo", "reward.aggregation=mean"], "reward.aggregation")]:
+                               (["algo=grpo", "reward.aggregation=mean"], "reward.aggregation"),
+                               (["algo=dpo", "reward.overlong_buffer=3"], "algo=dpo trains on none")]:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[")) as err:
             check_config([*overrides, two, "rollout.max_new_tokens=6"])
         assert "\n" not in str(err.value)
