@@ -36,7 +36,8 @@ model path or id; it must share the student's tokenizer (checked on load). The l
 beside the policy (:class:`~prefzoo.algos.base.Declaration`'s ``teacher``); an adapter is merged into a copy of its
 base weights (one more copy of the base in memory; the student's own base is not shared with it).
 
-Metrics: the online family's schema; ``divergence`` (``jsd``: the per-token JSD of ``jsd_beta``, nats, the loss's
+Metrics: the online family's schema (with ``jsd``, the drift ``kl`` / ``kl_k1`` / ``kl_k3`` to pi_ref and the
+``entropy`` come from the student's logits of the loss's pass: no second pass); ``divergence`` (``jsd``: the per-token JSD of ``jsd_beta``, nats, the loss's
 value), ``teacher_kl`` (KL(pi_old || pi_T) per token from the samples, k1: ``teacher_reward``, and ``jsd`` with
 ``jsd_beta=1`` where it is the loss itself), ``teacher_logp`` (``teacher_reward``: the teacher's mean log-prob per token
 of the student's samples).
@@ -55,8 +56,8 @@ from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss
                                   add_kl_loss, check_dynamic_sampling, check_online_settings, check_policy_clip,
                                   check_trust_region, online_declaration, trust_region_policy_loss, update_metrics)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (TRUST_REGION_LOSSES, chunked_generalized_jsd, gae, masked_sum,
-                               teacher_log_ratio_rewards)
+from prefzoo.objective import (TRUST_REGION_LOSSES, TokenLogits, chunked_generalized_jsd, gae, linear_token_logps,
+                               masked_sum, teacher_log_ratio_rewards, token_entropy, token_logps)
 from prefzoo.types import DistillationPolicy, Experience, LossOutput, ObjectiveSettings
 
 LOSS_TYPES = ("jsd", "teacher_reward")
@@ -167,13 +168,36 @@ class Distill(OnlinePolicyGradient):
         tokens = {"divergence": (float(masked_sum(per_token.detach(), mask)), float(mask.sum()))}
         if self.cfg.jsd_beta == 1.0:
             tokens["teacher_kl"] = tokens["divergence"]
-        metrics: dict[str, float] = {}
-        if self.beta > 0 and self.objective.kl_placement == "as_loss":  # the reference anchor needs the sampled tokens'
+        anchored = self.beta > 0 and self.objective.kl_placement == "as_loss"
+        if anchored:  # the reference anchor needs the sampled tokens' log-probs with their gradient: one more pass
             logps, entropy = policy.logps(batch, self.sampling.temperature, with_entropy=True)
-            metrics, more = update_metrics(logps, logps.detach(), mask, torch.zeros_like(mask), entropy,
-                                           batch.ref_logps, True, completion)
-            tokens.update(more)
+        else:  # for the metrics only (drift from pi_ref, entropy): from the student's logits above, no second pass
+            logps, entropy = sampled_token_logps(student, batch, self.sampling.temperature, self.cfg.chunk_size)
+        metrics, more = update_metrics(logps, logps.detach(), mask, torch.zeros_like(mask), entropy, batch.ref_logps,
+                                       batch.old_logps is None, completion)
+        tokens.update({k: v for k, v in more.items() if k in ("entropy",)})
+        if anchored:
             old = batch.old_logps if batch.old_logps is not None else logps.detach()
             per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
                                     old_logps=old)
         return LossOutput(per_token, mask, metrics, tokens)
+
+
+@torch.no_grad()
+def sampled_token_logps(logits: TokenLogits, batch: Experience, temperature: float, chunk_size: int
+                        ) -> tuple[Tensor, Tensor]:
+    """log pi(y_t) of the sampled tokens and the entropy per position, Shape (B, T) each (0 where masked), without
+    gradients, from the student's :class:`~prefzoo.objective.TokenLogits` of the JSD pass (chunked: the output layer
+    again, not the transformer body)."""
+    mask = batch.completion_mask
+    labels = batch.completion_ids[mask]
+    if logits.logits is None:
+        logps, entropy = linear_token_logps(logits.states.detach(), logits.weight.detach(), labels,
+                                            None if logits.bias is None else logits.bias.detach(), temperature,
+                                            chunk_size, with_entropy=True)
+    else:
+        z = logits.logits.detach()
+        logps = token_logps(z[None], labels[None], temperature)[0]
+        entropy = token_entropy(z[None], temperature)[0]
+    full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    return full.masked_scatter(mask, logps.float()), full.masked_scatter(mask, entropy.float())

@@ -45,6 +45,18 @@ def test_the_jsd_loss_gradient_is_the_reverse_kl_gradient_of_the_sampled_prompts
         float((counts / counts.sum() * kl).sum()), abs=1e-6)
 
 
+def test_the_jsd_pass_gives_the_sampled_tokens_log_probs_and_entropies():
+    """The drift and entropy metrics of the jsd loss come from the student's logits of its own pass: they equal the
+    policy's log-probs of the sampled tokens and the entropy of each row's distribution (the bed's closed form)."""
+    from prefzoo.algos.distill import sampled_token_logps
+
+    algo, policy, batch = _bed("jsd", rows=3)
+    logps, entropy = sampled_token_logps(policy.token_logits(batch), batch, 0.7, 2)
+    want, want_entropy = policy.logps(batch, 0.7, with_entropy=True)
+    torch.testing.assert_close(logps, want.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(entropy, want_entropy, rtol=0, atol=1e-6)
+
+
 def test_the_teacher_reward_gradient_is_the_reverse_kl_gradient_in_expectation():
     """loss_type=teacher_reward: the per-sample gradient is g_i = -(log T(y_i) - log S(y_i)) (e_{y_i} - S) (REINFORCE
     with ratio 1, the score grad_z log S(y) = e_y - S), whose expectation is grad_z KL(S || T) = S (log S - log T -
@@ -117,6 +129,8 @@ def test_a_run_folder_and_an_adapter_folder_are_teachers(teachers, tmp_path, kin
     m = summary["final_train_metrics"]
     assert summary["steps"] == 2 and math.isfinite(m["loss"])
     assert m["teacher_kl"] >= 0 if extra else m["divergence"] >= 0
+    if not extra:  # jsd: the drift to pi_ref (LoRA's adapter switched off) and the entropy, from the loss's own pass
+        assert "kl_k1" in m and m["kl_k3"] >= 0 and m["entropy"] > 0  # (k1, a sample mean, may be < 0)
 
 
 def check_config(overrides):
