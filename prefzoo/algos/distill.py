@@ -125,7 +125,8 @@ class Distill(OnlinePolicyGradient):
         check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
 
     def declare(self):
-        d = online_declaration(self, self.progress_keys, group_baseline=False)
+        keys = self.progress_keys if self.cfg.loss_type == "jsd" else ("teacher_kl", "reward")
+        d = online_declaration(self, keys, group_baseline=False)
         # the JSD reads no advantage, so a sampler correction's weights (which scale advantages) would change nothing
         caps = d.capabilities - {"sampler_correction"} if self.cfg.loss_type == "jsd" else d.capabilities
         return replace(d, teacher=self.cfg.teacher, capabilities=caps)
