@@ -6,6 +6,7 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,16 @@ def run_trl_side(script: str, data: dict) -> tuple[dict | None, str]:
         if proc.returncode:
             return None, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "TRL's side failed"
         return json.loads(outfile.read_text()), ""
+
+
+def trl_answer(script: str, data: dict) -> dict:
+    """:func:`run_trl_side`'s answer, or the reason it has none printed and the comparison ended with status 2 (the
+    comparisons' common opening)."""
+    theirs, why = run_trl_side(script, data)
+    if theirs is None:
+        print(why)
+        sys.exit(2)
+    return theirs
 
 STORY = ("Tom has {a} apples and buys {b} more at the market, then gives {c} of them to his sister, who "
          "already had {d}. His friend Anna brings {e} pears and asks how many pieces of fruit there are in total. ")

@@ -85,13 +85,10 @@ def main() -> int:
 
     from prefzoo.objective import correction_weights
 
-    from common import run_trl_side
+    from common import trl_answer
 
     data = inputs()
-    theirs, why = run_trl_side(__file__, data)
-    if theirs is None:
-        print(why)
-        return 2
+    theirs = trl_answer(__file__, data)
     trainer = torch.tensor(data["trainer"])
     sampler = torch.tensor([[math.nan if v is None else v for v in row] for row in data["sampler"]])
     mask = torch.tensor(data["completion_mask"]).bool() & torch.tensor(data["tool_mask"]).bool()

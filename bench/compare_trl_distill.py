@@ -62,13 +62,10 @@ def main() -> int:
 
     from prefzoo.objective import TokenLogits, chunked_generalized_jsd, overlong_penalty
 
-    from common import run_trl_side
+    from common import trl_answer
 
     data = inputs()
-    theirs, why = run_trl_side(__file__, data)
-    if theirs is None:
-        print(why)
-        return 2
+    theirs = trl_answer(__file__, data)
     mask = torch.tensor(data["mask"]).bool()
     print(f"prefzoo vs TRL {theirs['trl']}: _chunked_divergence_loss ({int(mask.sum())} tokens, V=300, temperature "
           f"{TEMPERATURE}, float32) and get_soft_overlong_punishment (L_max {L_MAX}, L_cache {CACHE})\n")

@@ -39,11 +39,12 @@ from prefzoo.objective import TokenLogits, last_token_index
 
 __all__ = ["Batch", "SequenceBatch", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch", "PreferenceBatch", "DistillationPolicy", "TokenLogits", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
            "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES",
-           "sequence_rewards"]
+           "sequence_rewards", "pad_cat"]
 
 
-def _pad_cat(tensors: list[Tensor], side: str, value) -> Tensor:
-    """Concatenate (B_i, L_i) tensors along dim 0, padding dim 1 on ``side`` to the longest L."""
+def pad_cat(tensors: list[Tensor], side: str, value) -> Tensor:
+    """Concatenate (B_i, L_i) tensors along dim 0, padding dim 1 on ``side`` (``left`` | ``right``) with ``value`` to
+    the longest L. Shape: [(B_i, L_i)] -> (sum B_i, max L_i), the inputs' dtype."""
     width = max(t.shape[1] for t in tensors)
     out = []
     for t in tensors:
@@ -186,15 +187,15 @@ class SequenceBatch(Batch):
         opt = lambda name: (torch.cat([getattr(b, name) for b in batches])  # noqa: E731
                             if all(getattr(b, name) is not None for b in batches) else None)
         return SequenceBatch(
-            prompt_ids=_pad_cat([b.prompt_ids for b in batches], "left", pad_id),
-            prompt_mask=_pad_cat([b.prompt_mask for b in batches], "left", False),
-            completion_ids=_pad_cat([b.completion_ids for b in batches], "right", pad_id),
-            completion_mask=_pad_cat([b.completion_mask for b in batches], "right", False),
+            prompt_ids=pad_cat([b.prompt_ids for b in batches], "left", pad_id),
+            prompt_mask=pad_cat([b.prompt_mask for b in batches], "left", False),
+            completion_ids=pad_cat([b.completion_ids for b in batches], "right", pad_id),
+            completion_mask=pad_cat([b.completion_mask for b in batches], "right", False),
             prompt_index=opt("prompt_index"), truncated=opt("truncated"),
-            sample_logps=(_pad_cat([b.sample_logps for b in batches], "right", 0.0)
+            sample_logps=(pad_cat([b.sample_logps for b in batches], "right", 0.0)
                           if all(b.sample_logps is not None for b in batches) else None),
             token_mask=(None if all(b.token_mask is None for b in batches) else
-                        _pad_cat([b.completion_tokens for b in batches], "right", False)),
+                        pad_cat([b.completion_tokens for b in batches], "right", False)),
             episodes=(None if all(b.episodes is None for b in batches) else
                       [e for b in batches for e in (b.episodes or [None] * len(b))]),
         )

@@ -59,7 +59,7 @@ from prefzoo.objective import (ADVANTAGE_SCALES, TRUST_REGION_LOSSES, add_sequen
                                kl_penalty_rewards, masked_sum, ratio_statistics, sampler_mismatch, sapo_loss,
                                sequence_kl)
 from prefzoo.types import (Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
-                           SequenceBatch, episode_metrics)
+                           SequenceBatch, episode_metrics, pad_cat)
 
 __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolicyGradient", "group_relative_advantages",
            "check_group_relative_settings", "check_adaptive_start", "PolicyLoss", "Rollout", "drift_metrics",
@@ -477,11 +477,8 @@ def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_sa
 
 
 def _pad_rows(tensors: list[Tensor | None]) -> Tensor | None:
-    """(B_i, T_i) tensors stacked row-wise, right-padded with 0 to the longest T; None if any is None."""
-    if any(t is None for t in tensors):
-        return None
-    width = max(t.shape[1] for t in tensors)
-    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
+    """(B_i, T_i) tensors stacked row-wise, right-padded with 0 (:func:`~prefzoo.types.pad_cat`); None if any is None."""
+    return None if any(t is None for t in tensors) else pad_cat(tensors, "right", 0.0)
 
 
 def cat_rollouts(rollouts: list[Rollout], pad_id: int = 0) -> Rollout:
@@ -491,7 +488,8 @@ def cat_rollouts(rollouts: list[Rollout], pad_id: int = 0) -> Rollout:
     for r in rollouts:
         index = r.samples.prompt_index
         shifted.append(r.samples if index is None else replace(r.samples, prompt_index=index + offset))
-        offset += 0 if index is None else int(index.max()) + 1 if len(index) else 0
+        if index is not None and len(index):
+            offset += int(index.max()) + 1
     return Rollout(SequenceBatch.cat(shifted, pad_id), torch.cat([r.rewards for r in rollouts]),
                    _pad_rows([r.logps for r in rollouts]), _pad_rows([r.ref_logps for r in rollouts]),
                    dict(rollouts[0].metrics), _pad_rows([r.is_weights for r in rollouts]),

@@ -88,10 +88,7 @@ def load_trained_model(run_dir: str | Path, device="cpu", who: str = "prefzoo.lo
         model = _load_adapter(base, weights, who)
     else:
         model = load_causal_lm(str(weights), dtype=model_cfg.dtype).to(device)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, tokenizer, model_cfg
+    return _frozen(model), tokenizer, model_cfg
 
 
 def _load_adapter(base: torch.nn.Module, folder: Path, who: str):
