@@ -11,6 +11,8 @@ values differ between runs are the swept settings and become the table's first c
   value of the other swept settings (a log axis when the setting spans a factor of 10 or more);
 * ``diversity_vs_<setting>.png`` — distinct-1/2, entropy and KL against a numeric swept setting (Kirk et al.
   2024), and ``reward_vs_diversity.png`` — reward against distinct-2, one point per run;
+* ``accuracy_vs_time.png`` — held-out task accuracy at each evaluation against the minutes spent in training steps
+  by then, one line per run (which method gets there soonest: distillation against SFT, dynamic sampling);
 * ``metrics_per_run.png`` — when no numeric setting was swept (algorithms, files, a single run): each measured
   evaluation key (accuracies, rewards, preference accuracy, KL, entropy, distinct-2), one bar per run;
 * with a shifted held-out task in the evaluations (``eval.ood``): a section with in- and out-of-distribution accuracy
@@ -42,9 +44,9 @@ from pathlib import Path
 from prefzoo.errors import DataError, PrefzooError, RunFolderError
 from prefzoo.report.ood import has_ood, ood_section, plot_ood
 from prefzoo.report.overoptimisation import bon_against_rl, fit_overoptimisation, overoptimisation_points
-from prefzoo.report.plots import (caption, plot_against, plot_bon_vs_rl, plot_diversity, plot_frontier,
-                                  plot_overoptimisation, plot_per_run, plot_reward_vs_diversity, plot_speed_shape,
-                                  run_labels)
+from prefzoo.report.plots import (caption, plot_accuracy_vs_time, plot_against, plot_bon_vs_rl, plot_diversity,
+                                  plot_frontier, plot_overoptimisation, plot_per_run, plot_reward_vs_diversity,
+                                  plot_speed_shape, run_labels)
 from prefzoo.report.runs import HEADLINE, is_number, load_runs, swept_keys
 from prefzoo.report.speed_shape import rl_curves, speed_shape_test
 from prefzoo.report.tables import legend, markdown_table, overoptimisation_section, speed_shape_section
@@ -100,6 +102,9 @@ def write_report(root: Path, out: Path | None = None) -> dict:
         if p:
             plots.append(p)
     p = plot_reward_vs_diversity(runs, keys, out / "reward_vs_diversity.png")
+    if p:
+        plots.append(p)
+    p = plot_accuracy_vs_time(runs, keys, out / "accuracy_vs_time.png")
     if p:
         plots.append(p)
     text = f"# prefzoo report: {root}\n\n{len(runs)} runs; swept: {', '.join(keys) or 'nothing'}.\n\n{table}\n"

@@ -11,9 +11,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from prefzoo.report.labels import place_labels
-from prefzoo.report.runs import DESCRIPTION, is_number, metric
+from prefzoo.report.runs import DESCRIPTION, eval_history, is_number, metric, training_seconds
 
 __all__ = ["plot_frontier", "plot_against", "plot_diversity", "plot_per_run", "plot_reward_vs_diversity",
+           "accuracy_against_time", "plot_accuracy_vs_time",
            "plot_overoptimisation", "plot_bon_vs_rl", "plot_speed_shape", "caption", "run_labels", "AXIS_LABELS"]
 
 D_LABEL = "d = sqrt(KL(π ‖ π_ref)) on held-out samples [sqrt(nats)]"
@@ -378,6 +379,47 @@ def plot_per_run(runs: list[dict], keys: list[str], path: Path) -> Path | None:
     return _save(fig, path, plt, layout=False)
 
 
+def accuracy_against_time(run: dict) -> list[tuple[float, float, float | None]]:
+    """A run's held-out ``task_accuracy`` against the training time it had cost: ``[(minutes, accuracy, s.e. or
+    None)]`` in step order, one per evaluation of ``eval_history`` (before training at 0 minutes), minutes from
+    :func:`~prefzoo.report.runs.training_seconds` (time in training steps; the evaluations' own time is left out).
+    Empty when the run measured no accuracy or its ``metrics.jsonl`` gives no step times; an evaluation whose step has
+    no logged time (a step beyond the file) is left out."""
+    seconds = training_seconds(run)
+    if seconds is None:
+        return []
+    points = []
+    for e in eval_history(run):
+        step, acc = e.get("step"), e.get("task_accuracy")
+        if isinstance(step, int) and step in seconds and is_number(acc):
+            se = e.get("task_accuracy_se")
+            points.append((seconds[step] / 60.0, float(acc), float(se) if is_number(se) else None))
+    return points
+
+
+def plot_accuracy_vs_time(runs: list[dict], keys: list[str], path: Path) -> Path | None:
+    """``accuracy_vs_time.png``: held-out task accuracy (± 1 s.e.) against minutes of training, one line per run
+    (:func:`accuracy_against_time`), labelled by its swept values: which method reaches an accuracy soonest, and
+    where each levels off. None when fewer than two points in all were measured (nothing to compare)."""
+    series = [(run, label, accuracy_against_time(run)) for run, label in zip(runs, run_labels(runs, keys))]
+    series = [s for s in series if s[2]]
+    if sum(len(points) for _, _, points in series) < 2:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    for i, (run, label, points) in enumerate(series):
+        xs, ys, ses = zip(*points)
+        ax.errorbar(xs, ys, yerr=[0.0 if se is None else se for se in ses], marker="osD^v<>p"[i % 8], ms=5,
+                    capsize=3, color=_colour(i), label=label)
+    ax.set_xlabel("training time [minutes in training steps; evaluations excluded]")
+    ax.set_ylabel(AXIS_LABELS["task_accuracy"])
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("Held-out task accuracy against training time; error bars ± 1 s.e.", fontsize=10)
+    return _save(fig, path, plt)
+
+
 def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | None:
     """Gold (top) and proxy (bottom) reward against d, best-of-n (left) and RL (right), with the fitted forms; a kind
     with no points (e.g. an RL run without best-of-n) gets no column."""
@@ -490,6 +532,10 @@ def plot_speed_shape(results: list[dict], path: Path) -> Path | None:
 
 
 CAPTIONS = {
+    "accuracy_vs_time": "Held-out task accuracy (greedy, ± 1 s.e.) at each evaluation against the minutes the run had "
+                        "spent in training steps by then (metrics.jsonl's time/step summed; evaluations excluded), one "
+                        "line per run. Times are the machine's as the runs met it: compare runs taken under the same "
+                        "load.",
     "frontier": "Reward–KL frontier: each run's reward after training against d = sqrt(KL(π ‖ π_ref)) on held-out "
                 "samples, one line per algorithm (best-of-n: analytic KL; a k1 estimate below 0 is drawn at d = 0); "
                 "the star is the policy before training.",

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from prefzoo.training.layout import SUMMARY_FILE
+from prefzoo.training.layout import METRICS_FILE, SUMMARY_FILE
 
-__all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval_history", "is_number",
-           "is_best_of_n", "analytic_kl"]
+__all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval_history", "training_seconds",
+           "is_number", "is_best_of_n", "analytic_kl"]
 
 HEADLINE = ("task_accuracy", "task_reward", "sample_reward", "gold_task_reward", "gold_sample_reward",
             "preference_accuracy", "kl_k1", "entropy", "distinct_1", "distinct_2", "ood_task_accuracy", "ood_distinct_2",
@@ -103,6 +103,36 @@ def eval_history(run: dict) -> list[dict]:
     if s.get("eval_history"):
         return s["eval_history"]
     return [e for e in (s.get("eval_before"), s.get("eval_after")) if e]
+
+
+def training_seconds(run: dict) -> dict[int, float] | None:
+    """Seconds spent in training steps up to and including each step, ``{step: seconds}`` with ``{0: 0.0}``: the
+    cumulative sum of the ``time/step`` of the run's ``metrics.jsonl`` (rollouts and updates; evaluations excluded, as
+    the summary's ``train_seconds``). A step logged twice (a resumed run redoes the steps after its checkpoint) counts
+    once, its last line. None when the run has no ``metrics.jsonl`` or a step without ``time/step`` (nothing to add
+    up); unreadable lines are skipped (the beta doctor, ``prefzoo diagnose``, is the place that reports them)."""
+    path = Path(run["dir"]) / METRICS_FILE
+    if not path.is_file():
+        return None
+    per_step: dict[int, float] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            continue
+        seconds = row.get("time/step")
+        if not is_number(seconds):
+            return None
+        per_step[row["step"]] = float(seconds)
+    if not per_step:
+        return None
+    total, out = 0.0, {0: 0.0}
+    for step in sorted(per_step):
+        total += per_step[step]
+        out[step] = total
+    return out
 
 
 def is_number(x) -> bool:
