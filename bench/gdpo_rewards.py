@@ -18,3 +18,11 @@ from prefzoo.rewards.arithmetic import format_reward
 def format_x10(prompts, completions, **columns):
     """10 x ``format_reward`` per completion (0, 5 or 10). Length B."""
     return [10.0 * s for s in format_reward(prompts, completions, **columns)]
+
+
+def period_x10(prompts, completions, **_):
+    """10 if the completion, trailing whitespace stripped, ends with a full stop, else 0. Length B.
+
+    A second reward that does not fight the task's: "65 + 92 = 157." and "157." both earn it, right or wrong, so a
+    policy can have both; what it measures is whether the sum's units let it crowd the correctness signal out."""
+    return [10.0 if c.rstrip().endswith(".") else 0.0 for c in completions]
