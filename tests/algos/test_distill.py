@@ -217,3 +217,36 @@ def test_the_bias_corrected_kl_applies_to_the_jsd_losss_kl_term():
     assert (grads[0][0] - grads[1][0]).abs().max() > 1e-4
 
 
+
+
+def test_the_offline_baseline_samples_the_teacher_and_sft_trains_on_it(teachers, tmp_path):
+    """``bench/distill_sft_data.py`` (SFT on the teacher's samples): the teacher run's task (data.num_train=8,
+    num_eval=2) gives train.jsonl with one teacher completion for each of the first 4 training problems, in the task's
+    order, and test.jsonl with the 2 held-out problems, the right answer as chosen; ``algo=sft data=file
+    data.eval_split=test`` trains on it. A folder that is no run is one line and exit status 2."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from prefzoo.data.tasks import get_task
+    from prefzoo.training.loop import Trainer
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "distill_sft_data.py"
+    spec = importlib.util.spec_from_file_location("distill_sft_data", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "samples"
+    assert script.main(["--teacher", str(teachers / "run"), "--out", str(out), "--num-prompts", "4",
+                        "--batch-size", "3", "--max-new-tokens", "4"]) == 0
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    test = [json.loads(line) for line in (out / "test.jsonl").read_text().splitlines()]
+    task = get_task("arithmetic", digits=2, ops=["+"], num_train=8, num_eval=2, seed=0, word_problems=False)
+    assert [r["prompt"] for r in train] == [p["prompt"] for p in task.train()[:4]]
+    assert all(r["chosen"][0]["role"] == "assistant" and r["chosen"][0]["content"] for r in train)
+    assert all(r["rejected"][0]["content"] == script.REJECTED != r["chosen"][0]["content"] for r in train)
+    assert [(r["prompt"], r["chosen"][0]["content"]) for r in test] == [(p["prompt"], str(p["answer"]))
+                                                                       for p in task.eval()]
+    summary = Trainer(compose(["algo=sft", "data=file", f"data.path={out}", "data.eval_split=test", *RUN,
+                               "trainer.max_steps=1"]), tmp_path / "sft").run()
+    assert summary["steps"] == 1
+    assert script.main(["--teacher", str(tmp_path), "--out", str(tmp_path / "x")]) == 2

@@ -80,3 +80,14 @@ def test_a_run_trains_with_both_and_bad_settings_are_one_line(tmp_path):
         with pytest.raises(ConfigError, match=message.replace("[", r"\[")) as err:
             check_config([*overrides, two, "rollout.max_new_tokens=6"])
         assert "\n" not in str(err.value)
+
+
+def test_the_gdpo_comparison_rewards_by_hand():
+    """bench/gdpo_rewards (the real-model GDPO comparison's second rewards): format_x10 is 10 x format_reward on a
+    plain prompt ("Reply with just the number."): a bare number 10, a sentence ending in the number 5, no number 0;
+    period_x10 is 10 for a completion ending in a full stop (trailing spaces ignored), right or wrong, else 0."""
+    from bench.gdpo_rewards import format_x10, period_x10
+
+    prompt = "What is 2 + 3? Reply with just the number."
+    assert format_x10([prompt] * 3, ["5", "The answer is 5", "five"]) == [10.0, 5.0, 0.0]
+    assert period_x10([prompt] * 4, ["5.", "6.  ", "5", "The sum is five"]) == [10.0, 10.0, 0.0, 0.0]
