@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     import torch
 
     from prefzoo.api import one_line
+    from prefzoo.data.preference import prompt_text
     from prefzoo.data.tasks import get_task
     from prefzoo.errors import PrefzooError
     from prefzoo.rewards.arithmetic import correctness
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     rows, start = [], time.perf_counter()
     for i in range(0, len(problems), args.batch_size):
         chunk = problems[i:i + args.batch_size]
-        texts = [tokenizer.apply_chat_template(p["prompt"], tokenize=False, add_generation_prompt=True) for p in chunk]
+        texts = [prompt_text(tokenizer, p["prompt"]) for p in chunk]
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,

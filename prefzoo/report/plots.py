@@ -401,13 +401,13 @@ def plot_accuracy_vs_time(runs: list[dict], keys: list[str], path: Path) -> Path
     """``accuracy_vs_time.png``: held-out task accuracy (± 1 s.e.) against minutes of training, one line per run
     (:func:`accuracy_against_time`), labelled by its swept values: which method reaches an accuracy soonest, and
     where each levels off. None when fewer than two points in all were measured (nothing to compare)."""
-    series = [(run, label, accuracy_against_time(run)) for run, label in zip(runs, run_labels(runs, keys))]
-    series = [s for s in series if s[2]]
-    if sum(len(points) for _, _, points in series) < 2:
+    series = [(label, accuracy_against_time(run)) for run, label in zip(runs, run_labels(runs, keys))]
+    series = [s for s in series if s[1]]
+    if sum(len(points) for _, points in series) < 2:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.0, 4.6))
-    for i, (run, label, points) in enumerate(series):
+    for i, (label, points) in enumerate(series):
         xs, ys, ses = zip(*points)
         ax.errorbar(xs, ys, yerr=[0.0 if se is None else se for se in ses], marker="osD^v<>p"[i % 8], ms=5,
                     capsize=3, color=_colour(i), label=label)
