@@ -188,6 +188,9 @@ class RolloutConfig:
     # dynamic (transformers' own, concatenated each step); static measured faster (bench/bench_decode.py)
     kv_cache: str = "static"
     compile_decode: bool = False  # engine=hf: the decode step through torch.compile (minutes to compile on a CPU)
+    # engine=hf: the merged-weights copy that samples (rollouts and evaluation) in this dtype, e.g. bfloat16 beside a
+    # float32 trainer (half the bytes a decode step reads); null: the model's own (prefzoo.models.merged)
+    dtype: Optional[str] = None
     # engine=hf sampling from the merged-weights copy: log its mismatch with the trainer (engine/logp_diff_*), at
     # the price of a no-grad pass of the policy where the algorithm needs none
     log_mismatch: bool = False
@@ -254,6 +257,9 @@ class TrainerConfig:
     micro_batch_size: int = 4  # rows per forward/backward pass (gradient accumulation below batch size)
     max_grad_norm: Optional[float] = 1.0  # null: no clipping
     log_every: int = 1
+    # online runs whose loss needs no pi_ref (objective.beta=0): the rollouts' KL(pi || pi_ref) (metric kl) every N
+    # steps, a no-grad pass of the reference each time it runs; 0: never (TRL at beta 0 computes none)
+    kl_metric_every: int = 1
     save_every: int = 20
     resume: bool = False
     progress: bool = True
@@ -400,6 +406,10 @@ def validate(cfg: Config) -> Config:
         _positive("objective.kl_horizon", o.kl_horizon)
     if o.kl_budget is not None:
         _positive("objective.kl_budget", o.kl_budget)
+        if cfg.trainer.kl_metric_every != 1:
+            raise ConfigError(f"objective.kl_budget={o.kl_budget} stops a run on the KL measured every step; "
+                              f"trainer.kl_metric_every={cfg.trainer.kl_metric_every} would measure it less often: "
+                              "set trainer.kl_metric_every=1 or drop the budget.")
     if o.kl_bias_correction and o.kl_placement != "as_loss":
         raise ConfigError(f"objective.kl_bias_correction=true weighs the KL term of the loss, and this run puts the KL "
                           f"in the reward (objective.kl_placement={o.kl_placement}, algo={cfg.algo.name}); set "
@@ -445,6 +455,9 @@ def validate(cfg: Config) -> Config:
                           "positive norm, or trainer.max_grad_norm=null for no clipping.")
     _positive("trainer.save_every", t.save_every, allow_zero=True)
     _positive("trainer.log_every", t.log_every)
+    if not isinstance(t.kl_metric_every, int) or isinstance(t.kl_metric_every, bool) or t.kl_metric_every < 0:
+        raise ConfigError(f"trainer.kl_metric_every={t.kl_metric_every!r}: steps between the rollouts' KL metric, an "
+                          "integer >= 0 (0: never).")
     _choice("trainer.lr_schedule", t.lr_schedule, ("linear", "constant"))
     if t.early_stopping.metric is not None:
         _choice("trainer.early_stopping.mode", t.early_stopping.mode, ("max", "min"))
@@ -570,6 +583,15 @@ def check_rollout_engine(cfg: Config) -> None:
     r, m = cfg.rollout, cfg.model
     _choice("rollout.engine", r.engine, ("hf", "vllm"))
     _choice("rollout.kv_cache", r.kv_cache, ("static", "dynamic"))
+    if r.dtype is not None:
+        _choice("rollout.dtype", r.dtype, ("float32", "bfloat16", "float16"))
+        if r.engine != "hf":
+            raise ConfigError(f"rollout.dtype={r.dtype} is the hf engine's sampler; rollout.engine={r.engine} has its "
+                              f"own: set rollout.vllm.dtype={r.dtype} instead (and rollout.dtype=null).")
+        if not m.lora.enabled or not m.fast.merged_rollout or m.quantization != "none" or m.compute_dtype is not None:
+            raise ConfigError(f"rollout.dtype={r.dtype} samples from a merged-weights copy of the LoRA policy in that "
+                              "dtype; it needs model.lora.enabled=true, model.fast.merged_rollout=true, "
+                              "model.quantization=none and model.compute_dtype=null (or set rollout.dtype=null).")
     check_correction(cfg)
     if r.engine != "vllm":
         return

@@ -128,12 +128,14 @@ ASYNC_KEYS = ("asynchronous", "max_staleness", "async_timeout", "async_threads")
 
 def _rollout_part(rollout: dict) -> dict:
     """The rollout settings that shape the starting policy's evaluation, in the layout the keys had before
-    ``rollout.correction``, ``rollout.top_k`` and the asynchronous settings existed (so earlier keys, the shipped one
-    included, still match): the correction and the rollout worker only change training; top_k enters when set."""
-    part = {k: v for k, v in rollout.items() if k not in ("correction", "top_k", *ASYNC_KEYS)}
+    ``rollout.correction``, ``rollout.top_k``, ``rollout.dtype`` and the asynchronous settings existed (so earlier keys,
+    the shipped one included, still match): the correction and the rollout worker only change training; top_k and dtype
+    (the sampler's copy, which the evaluation samples too) enter when set."""
+    part = {k: v for k, v in rollout.items() if k not in ("correction", "top_k", "dtype", *ASYNC_KEYS)}
     part["is_correction_cap"] = None  # (the key of the correction's earlier setting, never set for an evaluation)
-    if rollout.get("top_k"):
-        part["top_k"] = rollout["top_k"]
+    for key in ("top_k", "dtype"):
+        if rollout.get(key):
+            part[key] = rollout[key]
     return part
 
 

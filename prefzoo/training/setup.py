@@ -11,6 +11,7 @@ import logging
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -272,13 +273,16 @@ def build_policy(cfg: Config, declaration: Declaration, tokenizer, device: torch
 
 
 def hf_engine(cfg: Config):
-    """The hf rollout engine (prefzoo's decode loop) with the run's ``rollout.*`` and ``model.fast.merged_rollout``."""
+    """The hf rollout engine (prefzoo's decode loop) with the run's ``rollout.*`` and ``model.fast.merged_rollout``
+    (its merged copy in ``rollout.dtype`` when set)."""
     from prefzoo.models.merged import merged_copy
     from prefzoo.rollout.engine import HFEngine
 
     r = cfg.rollout
-    return HFEngine(merged_copy if cfg.model.fast.merged_rollout else None, kv_cache=r.kv_cache,
-                    compile_decode=r.compile_decode, report_logps=r.log_mismatch)
+    factory = None
+    if cfg.model.fast.merged_rollout:
+        factory = merged_copy if r.dtype is None else partial(merged_copy, dtype=DTYPES[r.dtype])
+    return HFEngine(factory, kv_cache=r.kv_cache, compile_decode=r.compile_decode, report_logps=r.log_mismatch)
 
 
 def build_rollout_worker(cfg: Config):
