@@ -232,6 +232,9 @@ class Algorithm:
         statistics: capability ``step_statistics``: ``{name: mean}`` of the current optimizer step's statistics,
             over all its rows on all processes (:meth:`step_statistics`), set by the loop before the step's first
             ``loss``; None before the first step.
+        drift_metrics_due: set by the loop before each step (``trainer.kl_metric_every``): whether a plugin that
+            declares no reference, but has one (the adapter-disabled base under LoRA), runs it this step for the drift
+            metrics alone (``kl``: KL(pi || pi_ref) of the rollouts, a no-grad pass); True where nothing sets it.
     """
 
     name: ClassVar[str]
@@ -239,6 +242,7 @@ class Algorithm:
     all_reduce: Callable[[Tensor], Tensor] | None = None
     statistics: dict[str, float] | None = None
     draw_prompts: Callable[[int], PromptBatch] | None = None
+    drift_metrics_due: bool = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

@@ -443,10 +443,11 @@ def sample_metrics(samples: SequenceBatch, rewards: Tensor, generation_seconds: 
 
 
 def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_samples: int, sampling: SamplingParams,
-                     need_logps: bool, teacher: bool = False) -> Rollout:
+                     need_logps: bool, teacher: bool = False, reference: bool = True) -> Rollout:
     """Sample ``num_samples`` completions per prompt with ``sampling``, score them, and (without gradients) compute
-    log pi at sampling time if ``need_logps``, log pi_ref if the policy has a reference, and log pi_T of its teacher if
-    ``teacher`` (a :class:`~prefzoo.types.DistillationPolicy`), all at the sampling temperature.
+    log pi at sampling time if ``need_logps``, log pi_ref if the policy has a reference and ``reference`` (False: a
+    step that needs pi_ref for no loss term and measures no drift, ``trainer.kl_metric_every``), and log pi_T of its
+    teacher if ``teacher`` (a :class:`~prefzoo.types.DistillationPolicy`), all at the sampling temperature.
 
     When the sampler reports its own log-probs (``samples.sample_logps``: ``rollout.engine=vllm``, the hf engine's
     merged copy), log pi at sampling time is computed whatever ``need_logps`` (one no-grad pass) for the mismatch
@@ -463,7 +464,7 @@ def sample_and_score(policy: Policy, prompts: PromptBatch, score: Scorer, num_sa
         logps = bypass_logps(samples)
     else:
         logps = policy.logps(samples, sampling.temperature)[0].detach() if need_logps else None
-    ref_logps = policy.ref_logps(samples, sampling.temperature) if policy.reference is not None else None
+    ref_logps = policy.ref_logps(samples, sampling.temperature) if reference and policy.reference is not None else None
     teacher_logps = policy.teacher_logps(samples, sampling.temperature) if teacher else None
     t2 = time.perf_counter()
     metrics = drift_metrics(logps, ref_logps, mask) if logps is not None and ref_logps is not None else {}
@@ -662,7 +663,8 @@ class OnlinePolicyGradient(Algorithm):
         # a no-grad pass of the policy only where log pi at sampling time is needed before the update; with one
         # optimizer step the drift metrics come from the update's own forward pass (update_metrics)
         settings = dict(need_logps=self.stores_old_logps() or in_reward or self.rollout_logps,
-                        teacher=self.rollout_teacher_logps)
+                        teacher=self.rollout_teacher_logps,
+                        reference=self.declaration.reference or self.drift_metrics_due)
         r = sample_and_score(policy, prompts, score, c.num_samples, self.sampling, **settings)
         dynamic = {}
         if c.dynamic_sampling:

@@ -244,6 +244,8 @@ class Trainer:
         """This process's share of the step's global batch (all of it in one process)."""
         if self.scorer is not None:
             self.scorer.new_step()  # the step's reward/<name> metrics: its first scoring's (dynamic sampling scores more)
+        every = self.cfg.trainer.kl_metric_every  # logged step numbers self.step + 1 = every, 2 every, ...
+        self.algo.drift_metrics_due = bool(every) and (self.step + 1) % every == 0
         if self.async_rollouts is not None:
             return self.async_batch()
         # rows an asynchronous run had drawn ahead before its checkpoint come first (resumed synchronously)
