@@ -32,7 +32,11 @@ that folder), LoRA r=16 alpha=32 dropout 0 on all linear layers, AdamW, gradient
   version passed 0.5, i.e. gamma/beta 0.25 on TRL's side.
 * grpo (beta 0 and 0.04): 2 arithmetic prompts x 4 generations x 64 new tokens (end-of-sequence never stops a
   row: prefzoo ignores it, TRL gets ``min_new_tokens=64``), temperature 1, the same prompts in the same order, the
-  arithmetic verifier as reward. A step is rollout + scoring + no-grad passes + the update.
+  arithmetic verifier as reward. A step is rollout + scoring + no-grad passes + the update. prefzoo's fp32 variants
+  beyond its defaults: ``nokl`` = ``trainer.kl_metric_every=0`` (at beta 0 prefzoo runs the reference for its ``kl``
+  metric by default; TRL computes no KL at beta 0, so this is TRL's computation), and ``bf16rollout`` = that plus
+  ``rollout.dtype=bfloat16`` (the sampler's merged copy in bf16, the trainer float32: the layout of a bf16 vLLM
+  engine beside a float32 trainer; the samples then come from a rounded policy, see docs/off-policy.md).
 * ppo: TRL 1.x has no PPO trainer; prefzoo's PPO step (8 prompts x 1 sample x 64 tokens, its default 4 epochs,
   separate value adapter) is compared with prefzoo's own GRPO step on the same rollout size (8 rows x 64 tokens).
 
@@ -202,6 +206,10 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
         overrides.append("model.compute_dtype=bfloat16")
     elif variant == "bf16":  # frozen base weights in bf16, LoRA and its optimizer state float32
         overrides[overrides.index("model.dtype=float32")] = "model.dtype=bfloat16"
+    elif variant == "nokl":  # TRL's computation at beta 0: no reference pass for the kl metric
+        overrides.append("trainer.kl_metric_every=0")
+    elif variant == "bf16rollout":  # ... and the sampler's merged copy in bf16, the float32 trainer unchanged
+        overrides += ["trainer.kl_metric_every=0", "rollout.dtype=bfloat16"]
     if name == "grpo":
         overrides += [f"objective.beta={beta}", f"algo.num_samples={w['generations'] if algo == 'grpo' else 4}"]
     if name == "ppo":
@@ -211,6 +219,7 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
 
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=w.get("max_new_tokens", 64))
     algo_obj = get_algorithm(name)(cfg.algo, resolve_objective(cfg), sampling)
+    algo_obj.drift_metrics_due = cfg.trainer.kl_metric_every == 1  # the loop's setting (no loop here), every step
     tok = load_tokenizer(cfg.model.name)
     built = build_policy(cfg, algo_obj.declaration, tok, torch.device("cpu"))
     policy = built.policy
@@ -391,8 +400,9 @@ PLANS = {  # (algo, precision) -> [(library, variant, beta)], in the order of ro
     ("dpo", "bf16"): [("prefzoo", "bf16", 0.0), ("trl", "bf16", 0.0), ("prefzoo", "autocast", 0.0)],
     ("simpo", "fp32"): [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "gc", 0.0), ("trl", "nogc", 0.0)],
     ("simpo", "bf16"): [("prefzoo", "bf16", 0.0), ("trl", "bf16", 0.0), ("prefzoo", "autocast", 0.0)],
-    ("grpo", "fp32"): [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "default", 0.04),
-                       ("trl", "gc", 0.04)],
+    ("grpo", "fp32"): [("prefzoo", "default", 0.0), ("trl", "gc", 0.0), ("prefzoo", "nokl", 0.0),
+                       ("prefzoo", "bf16rollout", 0.0), ("prefzoo", "default", 0.04), ("trl", "gc", 0.04),
+                       ("prefzoo", "bf16rollout", 0.04)],
     ("grpo", "bf16"): [("prefzoo", "bf16", 0.0), ("trl", "bf16", 0.0), ("prefzoo", "autocast", 0.0)],
     ("ppo", "fp32"): [("prefzoo", "default", 0.0)],
     ("ppo", "bf16"): [("prefzoo", "bf16", 0.0)],
