@@ -4,6 +4,7 @@ its rollout, peak memory (issue 29).
     .venv/bin/python bench/bench_async.py                                   # SmolLM2-135M, 6 steps per setting
     .venv/bin/python bench/bench_async.py --steps 10 --settings sync:2 async:1
     .venv/bin/python bench/bench_async.py --model tiny --steps 3            # a smoke test of the script itself
+    .venv/bin/python bench/bench_async.py --extra rollout.dtype=bfloat16 trainer.kl_metric_every=0   # every setting
 
 Each setting is one ``python train.py algo=grpo`` run in its own process (no evaluation), the default GRPO rollout
 (8 prompts x 4 samples, 64 new tokens at most, temperature 0.7) on the arithmetic task:
@@ -34,14 +35,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(setting: str, steps: int, model: str, folder: Path) -> dict:
+def run(setting: str, steps: int, model: str, folder: Path, extra_overrides: list[str]) -> dict:
     kind, _, value = setting.partition(":")
     extra = [f"trainer.num_threads={value}"] if kind == "sync" else [
         "trainer.num_threads=1", "rollout.asynchronous=true", f"rollout.max_staleness={value}"]
     out = folder / setting.replace(":", "-")
     cmd = [sys.executable, str(ROOT / "train.py"), "algo=grpo", f"model={model}", f"trainer.max_steps={steps}",
            "eval.before=false", "eval.after=false", "trainer.progress=false", "trainer.save_every=0",
-           "trainer.tensorboard=false", *extra, f"hydra.run.dir={out}"]
+           "trainer.tensorboard=false", *extra, *extra_overrides, f"hydra.run.dir={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": value if kind == "sync" else "1", "TQDM_DISABLE": "1"}
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -61,13 +62,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--settings", nargs="+", default=["sync:2", "async:0", "async:1", "async:2"])
+    parser.add_argument("--extra", nargs="*", default=[], help="train.py overrides added to every setting")
     args = parser.parse_args()
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     with tempfile.TemporaryDirectory() as tmp:
-        results = [run(s, args.steps, args.model, Path(tmp)) for s in args.settings]
+        results = [run(s, args.steps, args.model, Path(tmp), args.extra) for s in args.settings]
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"\nGRPO, model={args.model}, {args.steps} steps per setting (the first not counted); peak RSS of the largest "
-          f"process {rss:.0f} MiB\n")
+          f"process {rss:.0f} MiB; overrides: {' '.join(args.extra) or 'none'}\n")
     print("| setting | median step s | prompts / s | vs the first | median wait for the rollout s | worker sampling s | staleness |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
