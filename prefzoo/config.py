@@ -266,6 +266,9 @@ class TrainerConfig:
     tensorboard: bool = True
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # + trackio, wandb; [none]: no tracker
     device: str = "auto"  # auto | cpu | cuda
+    # several processes (torchrun, accelerate launch): shard parameters, gradients and optimizer state with FSDP2
+    # (torch's fully_shard) instead of replicating them (DDP); accelerate/fsdp2.yaml sets it (prefzoo.training.fsdp)
+    fsdp: bool = False
     num_threads: int = 0  # 0: torch's default
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 

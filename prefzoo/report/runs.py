@@ -75,7 +75,7 @@ def load_runs(root: Path) -> list[dict]:
 
 
 #: overrides that say how a run was executed, not what it computed: never "swept" (no column, plot or label)
-INERT_KEYS = ("trainer.num_threads", "trainer.progress", "trainer.log_every", "trainer.kl_metric_every", "trainer.save_every",
+INERT_KEYS = ("trainer.num_threads", "trainer.fsdp", "trainer.progress", "trainer.log_every", "trainer.kl_metric_every", "trainer.save_every",
               "trainer.tensorboard", "trainer.report_to", "trainer.resume", "eval.before")
 
 

@@ -98,12 +98,20 @@ def guarded_write(folder: Path, what: str, kept: str = ""):
         raise CheckpointError(f"could not write {what} in {folder}: {reason}{tail}.") from err
 
 
-def save_weights(model, folder: Path) -> Path:
-    """Save the trainable weights: the adapter (peft format) under LoRA, else the whole model."""
+def save_weights(model, folder: Path, state_dict: dict | None = None) -> Path:
+    """Save the trainable weights: the adapter (peft format) under LoRA, else the whole model. ``state_dict``: the
+    model's whole state when its own is sharded (FSDP: :func:`prefzoo.training.fsdp.full_model_state`), else None."""
     target = weights_folder(model, folder)
     with guarded_write(folder, f"the weights ({target.name}/)"):
-        model.save_pretrained(target)
+        _save_pretrained(model, target, state_dict)
     return target
+
+
+def _save_pretrained(model, target: Path, state_dict: dict | None) -> None:
+    if state_dict is None:
+        model.save_pretrained(target)
+    else:
+        model.save_pretrained(target, state_dict=state_dict)
 
 
 def weights_folder(model, folder: Path) -> Path:
@@ -199,7 +207,7 @@ def plain_values(value):
 
 
 def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict, keep: int = 2,
-                    run_config: dict | None = None) -> Path:
+                    run_config: dict | None = None, state_dict: dict | None = None) -> Path:
     """Write ``checkpoints/step-XXXXXX`` and keep only the newest ``keep`` complete checkpoints.
 
     The checkpoint is written into ``checkpoints/.step-XXXXXX.partial`` and renamed when complete; ``run_config``
@@ -220,7 +228,7 @@ def save_checkpoint(run_dir: Path, step: int, model, trainer_state: dict, keep: 
             for stale in root.glob(f"{PARTIAL_PREFIX}step-*"):  # left by an interrupted write
                 shutil.rmtree(stale, ignore_errors=True)
             partial.mkdir()
-            model.save_pretrained(weights_folder(model, partial))
+            _save_pretrained(model, weights_folder(model, partial), state_dict)
             if run_config is not None:
                 (partial / RUN_CONFIG_FILE).write_text(json.dumps(run_config, indent=1, sort_keys=True))
             write_trainer_state(plain_values(trainer_state), partial / STATE_FILE)

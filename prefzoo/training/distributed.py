@@ -13,11 +13,11 @@ This module is the thin layer the training loop talks to:
   DDP wrapper, so every gradient-carrying forward pass goes through DDP and all trainable parameters
   (adapters, value head) are all-reduced in the backward.
 
-What is and is not supported (see README, "Scaling out"): DDP (``accelerate/ddp.yaml``,
-``accelerate/cpu_ddp_2proc.yaml``, or ``torchrun``), for every algorithm, on GPUs (NCCL) and CPUs (gloo).
-FSDP and DeepSpeed ZeRO are refused with a message: the loop samples rollouts, computes reference
-log-probs and evaluates with the plain, unsharded module, and steps its own optimizer, none of which holds
-under parameter sharding or a DeepSpeed engine.
+What is and is not supported (docs/scaling-out.md): DDP (``accelerate/ddp.yaml``,
+``accelerate/cpu_ddp_2proc.yaml``, or ``torchrun``), for every algorithm, on GPUs (NCCL) and CPUs (gloo); FSDP2
+(``accelerate/fsdp2.yaml`` or ``torchrun ... trainer.fsdp=true``: :mod:`prefzoo.training.fsdp`, what it refuses in
+:func:`check_fsdp`). DeepSpeed ZeRO is refused with a message: the loop steps its own optimizer, which a DeepSpeed
+engine does not allow.
 """
 
 from __future__ import annotations
@@ -78,6 +78,52 @@ def _deepspeed_stage() -> str:
     return stage or "?"
 
 
+def fsdp_requested(cfg) -> bool:
+    """Whether the run shards with FSDP2: ``trainer.fsdp=true`` (torchrun), or an accelerate config with
+    ``distributed_type: FSDP`` (``ACCELERATE_USE_FSDP``)."""
+    return bool(cfg.trainer.fsdp) or _flag("ACCELERATE_USE_FSDP")
+
+
+#: accelerate FSDP options prefzoo does not run, and what to do instead
+_FSDP_REFUSED = {"FSDP_OFFLOAD_PARAMS": "fsdp_offload_params: false (parameters offloaded to the CPU are not supported)",
+                 "FSDP_ACTIVATION_CHECKPOINTING": "fsdp_activation_checkpointing: false, and model.gradient_checkpointing=true "
+                                                  "for the same memory saving"}
+
+
+def check_fsdp(cfg) -> None:
+    """Refuse, before any model loads, what FSDP2 training does not run (prefzoo.training.fsdp).
+
+    Raises:
+        ConfigError: FSDP version 1; parameter offload or FSDP's activation checkpointing in the accelerate config;
+            4-bit weights; and the rollout paths that need a whole model of their own: the merged-weights sampler's
+            log-probs (``rollout.log_mismatch``, ``rollout.dtype``), ``rollout.engine=vllm``, asynchronous rollouts.
+    """
+    version = os.environ.get("FSDP_VERSION", "2") if _flag("ACCELERATE_USE_FSDP") else "2"
+    where = "the accelerate config" if _flag("ACCELERATE_USE_FSDP") else "trainer.fsdp=true"
+    if version != "2":
+        raise ConfigError(f"{where} asks for FSDP version {version}; prefzoo shards with FSDP2 (torch's fully_shard): "
+                          "set fsdp_version: 2 (accelerate/fsdp2.yaml).")
+    for var, fix in _FSDP_REFUSED.items():
+        if _flag(var):
+            raise ConfigError(f"the accelerate config sets {var.lower()}: true, which prefzoo's FSDP2 training does "
+                              f"not run; set {fix}.")
+    m, r = cfg.model, cfg.rollout
+    if m.quantization == "4bit":
+        raise ConfigError(f"{where} shards the parameters, and 4-bit (bitsandbytes) weights are not sharded by "
+                          "fully_shard here: set model.quantization=none, or train QLoRA under DDP "
+                          "(accelerate/ddp.yaml, which replicates the quantised model).")
+    refused = [("rollout.engine=vllm", r.engine == "vllm"),
+               ("rollout.asynchronous=true", r.asynchronous),
+               (f"rollout.dtype={r.dtype}", r.dtype is not None),
+               ("rollout.log_mismatch=true", r.log_mismatch)]  # (algo.dynamic_sampling: refused with any data
+    # parallelism, prefzoo.cli.preflight)
+    for setting, on in refused:
+        if on:
+            raise ConfigError(f"{setting} needs a whole model beside the trainer (a merged copy, an engine or a "
+                              f"worker), which {where} does not keep: the rollouts sample from the gathered shards. "
+                              f"Drop {setting.split('=')[0]}, or train under DDP (accelerate/ddp.yaml).")
+
+
 def check_launch(cfg) -> None:
     """Refuse, before any model loads, a launch configuration prefzoo cannot run.
 
@@ -86,8 +132,8 @@ def check_launch(cfg) -> None:
     set by ``accelerate launch --config_file ...``, and the launcher's ``WORLD_SIZE``.
 
     Raises:
-        ConfigError: FSDP or DeepSpeed (with the most specific reason first: on CPU, DeepSpeed not
-            installed, parameter sharding of 4-bit weights, then "not supported by prefzoo's loop");
+        ConfigError: DeepSpeed (with the most specific reason first: on CPU, not installed, parameter sharding of
+            4-bit weights, then "not supported by prefzoo's loop"); what FSDP2 does not run (:func:`check_fsdp`);
             Megatron-LM; accelerate mixed precision or torch.compile (use ``model.dtype``); fewer items per
             step (``trainer.batch_size``) than processes.
     """
@@ -110,17 +156,8 @@ def check_launch(cfg) -> None:
         raise ConfigError(f"DeepSpeed (ZeRO-{stage}) is not supported by prefzoo's training loop yet: it samples "
                           "rollouts, computes reference log-probs and evaluates with the plain model and steps its "
                           f"own optimizer, which a DeepSpeed engine does not allow; {use_ddp}.")
-    if _flag("ACCELERATE_USE_FSDP"):
-        if cpu:
-            raise ConfigError(f"the accelerate config asks for FSDP, which prefzoo runs on GPUs only, but this run is on "
-                              f"the CPU (trainer.device={t.device}); for CPU processes use "
-                              "accelerate/cpu_ddp_2proc.yaml.")
-        if four_bit:
-            raise ConfigError("FSDP shards the model's parameters, which 4-bit (bitsandbytes) weights do not support "
-                              f"here: set model.quantization=none, or {use_ddp} (QLoRA runs under DDP).")
-        raise ConfigError("FSDP is not supported by prefzoo's training loop yet: it samples rollouts, computes "
-                          "reference log-probs and evaluates with the plain, unsharded model, which FSDP's sharded "
-                          f"parameters do not allow; {use_ddp}.")
+    if fsdp_requested(cfg):
+        check_fsdp(cfg)
     if _flag("ACCELERATE_USE_MEGATRON_LM"):
         raise ConfigError(f"Megatron-LM is not supported by prefzoo; {use_ddp}.")
     precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
@@ -145,8 +182,12 @@ class DataParallel:
     With ``accelerator=None`` it stands for a single process: rank 0 of 1, every collective the identity.
     """
 
-    def __init__(self, accelerator=None, device: torch.device | None = None):
+    def __init__(self, accelerator=None, device: torch.device | None = None, fsdp: bool = False,
+                 reshard_after_forward: bool = True):
         self.accelerator = accelerator
+        self.fsdp = fsdp and accelerator is not None  # FSDP2 sharding (prefzoo.training.fsdp) instead of DDP
+        self.reshard_after_forward = reshard_after_forward
+        self.sharded: list[nn.Module] = []  # the roots sharded by wrap (FSDP)
         if accelerator is None:
             self.world_size, self.rank, self.local_rank = 1, 0, 0
             self.device = device
@@ -203,14 +244,49 @@ class DataParallel:
             yield
 
     # -------------------------------------------------------------- the model
-    def wrap(self, module: nn.Module) -> nn.Module:
-        """``module`` wrapped for data-parallel training (DDP through ``accelerator.prepare_model``); itself in
-        one process. The module must already be on this process's device."""
+    def wrap(self, module: nn.Module, frozen: list[nn.Module] = ()) -> nn.Module:
+        """``module`` (a :class:`TrainableModules`) prepared for data-parallel training; itself in one process.
+
+        DDP: wrapped by ``accelerator.prepare_model`` (the module must already be on this process's device). FSDP:
+        sharded in place (:func:`prefzoo.training.fsdp.shard`: the policy, the value model, and each module of
+        ``frozen``, a reference copy) and returned unwrapped; its parameters are new (DTensor shards), so build the
+        optimizer afterwards."""
         if not self.enabled:
+            return module
+        if self.fsdp:
+            from prefzoo.training.fsdp import shard
+
+            self.sharded = [m for m in (module.policy, getattr(module, "value", None), *frozen) if m is not None]
+            shard(self.sharded, self.reshard_after_forward)
             return module
         with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; accelerate still passes the old name
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             return self.accelerator.prepare_model(module, device_placement=False)
+
+    def gathered(self):
+        """FSDP: a context in which every sharded module is whole (:func:`prefzoo.training.fsdp.gathered`; every
+        process enters it); otherwise nothing."""
+        if not self.fsdp:
+            return contextlib.nullcontext()
+        from prefzoo.training.fsdp import gathered
+
+        return gathered(self.sharded, self.reshard_after_forward)
+
+    def full_state(self, module: nn.Module) -> dict | None:
+        """FSDP: ``module``'s whole state dict on the main process ({} elsewhere; every process calls it); None
+        otherwise (the module's own ``state_dict()`` is whole)."""
+        if not self.fsdp:
+            return None
+        from prefzoo.training.fsdp import full_model_state
+
+        return full_model_state(module)
+
+    def max_over_processes(self, value: int) -> int:
+        if not self.enabled:
+            return value
+        from prefzoo.training.fsdp import max_over_processes
+
+        return max_over_processes(value)
 
     def no_sync(self, wrapped: nn.Module):
         """Context in which backward passes accumulate gradients locally without all-reducing them."""
@@ -237,6 +313,9 @@ def setup_data_parallel(cfg, device: torch.device | None = None) -> DataParallel
     _export_submitit_environment()
     check_launch(cfg)
     if launched_world_size() <= 1:
+        if fsdp_requested(cfg):
+            log.warning("FSDP asked for, but the launcher started one process: nothing to shard over, the run trains "
+                        "unsharded (start several with torchrun --nproc_per_node N or accelerate launch).")
         if "ACCELERATE_DYNAMO_BACKEND" in os.environ and "MASTER_ADDR" in os.environ:  # accelerate's simple launcher
             log.warning("accelerate launch started ONE process although several were asked for: accelerate starts "
                         "several local processes only for its multi-GPU type (also on a CPU-only machine). Use "
@@ -248,11 +327,19 @@ def setup_data_parallel(cfg, device: torch.device | None = None) -> DataParallel
     # broadcast_buffers=False: the model's buffers (rotary tables) are the same everywhere (and synced when DDP
     # wraps the model); broadcasting them before every forward would add a collective per forward pass, and
     # processes with uneven shards run different numbers of forward passes
-    accelerator = Accelerator(cpu=_uses_cpu(cfg.trainer.device), mixed_precision="no",
-                              kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
-    dp = DataParallel(accelerator)
+    fsdp = fsdp_requested(cfg)
+    # under FSDP accelerate only starts the process group: prefzoo shards the modules itself (fully_shard), the
+    # same way under torchrun and accelerate launch, so accelerate's own FSDP plugin is kept out
+    hidden = {k: os.environ.pop(k) for k in ("ACCELERATE_USE_FSDP",) if fsdp and k in os.environ}
+    try:
+        accelerator = Accelerator(cpu=_uses_cpu(cfg.trainer.device), mixed_precision="no",
+                                  kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+    finally:
+        os.environ.update(hidden)
+    dp = DataParallel(accelerator, fsdp=fsdp, reshard_after_forward=os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true")
+                      .lower() in _TRUE)
     log.info("data parallel: process %d of %d on %s (%s)", dp.rank, dp.world_size, dp.device,
-             accelerator.distributed_type)
+             "FSDP2" if fsdp else accelerator.distributed_type)
     return dp
 
 

@@ -40,6 +40,7 @@ mini-batch (all its tokens or sequences, across processes too), see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -178,15 +179,20 @@ class Trainer:
         if self.declaration.draws_prompts:  # dynamic sampling's extra rounds (one process, synchronous: pre-flight)
             self.algo.draw_prompts = self.extra_prompts
         self.ref_cache = self.precompute_reference() if self.declaration.precompute_reference else None
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.weights_loaded = False  # FSDP: a resumed run's weights, loaded before sharding (maybe_resume: the rest)
+        if self.dp.fsdp and self.folder.resume is not None:
+            self.load_resumed_weights()
+        self.train_module = None  # DDP over the trainable modules, or them sharded (FSDP; data parallel only)
+        if self.dp.enabled:
+            ref = self.policy.reference
+            frozen = [ref.module] if ref is not None and ref.module is not None and ref.module is not self.model else []
+            self.train_module = self.dp.wrap(TrainableModules(self.model, self.policy.value_model), frozen=frozen)
+            self.policy.train_forward = self.train_module
+        self.params = [p for p in self.model.parameters() if p.requires_grad]  # (after sharding: FSDP's DTensors)
         if self.policy.value_model is not None:
             self.params += [p for p in self.policy.value_model.parameters() if p.requires_grad
                             and not any(p is q for q in self.params)]
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
-        self.train_module = None  # DDP over the trainable modules (data parallel only)
-        if self.dp.enabled:
-            self.train_module = self.dp.wrap(TrainableModules(self.model, self.policy.value_model))
-            self.policy.train_forward = self.train_module
         self.max_steps = t.max_steps if self.declaration.trains else 0  # best-of-n: no training steps
         self.watch = MetricWatch(self.declaration.warnings, self.max_steps)  # the plugin's warnings (no learning signal)
         rows = t.batch_size * max(1, self.declaration.num_samples)
@@ -343,7 +349,8 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        batch, metrics = self.next_batch()
+        with self.dp.gathered() if self.declaration.online else contextlib.nullcontext():  # FSDP: rollouts whole
+            batch, metrics = self.next_batch()
         t1 = time.perf_counter()
         n = len(batch)
         offset, n_global = self.row_layout(n)
@@ -351,6 +358,12 @@ class Trainer:
         parallel = {} if not dp.enabled else {
             "all_reduce": dp.all_reduce_sum, "loss_scale": float(dp.world_size), "placeholder": batch.select([0]),
             "no_sync": lambda: dp.no_sync(self.train_module)}
+        if dp.fsdp:  # every process runs as many sharded passes (each all-gathers); FSDP2 reduce-scatters each
+            from prefzoo.training.fsdp import all_reduce_replicated_grads, clip_grad_norm
+
+            parallel.update(no_sync=None, equal_passes=dp.max_over_processes, gathered=dp.gathered,
+                            sync_grads=lambda params: all_reduce_replicated_grads(params, dp.world_size),
+                            clip_grad_norm=clip_grad_norm)
         clip = self.cfg.trainer.max_grad_norm
         pairs = optimisation_step(  # one permutation of the GLOBAL rows per pass (process 0's, broadcast)
             self.algo, self.policy, batch, self.optimizer, self.scheduler, self.params,
@@ -377,14 +390,22 @@ class Trainer:
     def trainer_state(self) -> dict:
         """Everything to resume from (called by every process: the RNG states of all of them are gathered)."""
         rng = rng_state(self.policy.generator)
-        return {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        if self.dp.fsdp:  # gathered (collectives: every process), in the layout of one process's state
+            from prefzoo.training.fsdp import full_optimizer_state
+
+            optimizer = full_optimizer_state(self.train_module, self.optimizer, self.params)
+            value = self.dp.full_state(self.policy.value_model) if self.policy.value_model is not None else None
+        else:
+            optimizer = self.optimizer.state_dict()
+            value = self.policy.value_model.state_dict() if self.policy.value_model is not None else None
+        return {"step": self.step, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "algo": self.algo.state_dict(),
                 "rng": rng, "rng_per_process": self.dp.gather_objects(rng) if self.dp.enabled else None,
                 "kl_spent": self.kl_spent, "eval_history": self.eval_history, "train_seconds": self.train_seconds,
                 "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
                 "optimizer_steps": self.optimizer_steps,
                 "async_ahead": list(self.async_ahead) if self.async_rollouts is not None else None,
-                "value_model": self.policy.value_model.state_dict() if self.policy.value_model is not None else None}
+                "value_model": value}
 
     def maybe_resume(self) -> bool:
         point = self.folder.resume  # checked against the config before the model loaded (prefzoo.training.resume)
@@ -394,14 +415,20 @@ class Trainer:
             return False
         ckpt, state = point.folder, point.state if point.state is not None else load_trainer_state(point.folder)
         point.state = None
-        load_weights(self.model, ckpt)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if not self.weights_loaded:
+            load_weights(self.model, ckpt)
+            if state.get("value_model") is not None:
+                self.policy.value_model.load_state_dict(state["value_model"])
+        if self.dp.fsdp:  # the whole state on every process, each keeping its shard
+            from prefzoo.training.fsdp import load_optimizer_state
+
+            load_optimizer_state(self.train_module, self.optimizer, self.params, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         continue_schedule(self.optimizer, self.scheduler, state.get("optimizer_steps"), self.optimizer_steps)
         self.sampler.load_state_dict(state["sampler"])
         self.algo.load_state_dict(state["algo"])
-        if state.get("value_model") is not None:
-            self.policy.value_model.load_state_dict(state["value_model"])
         per_process = state.get("rng_per_process")
         same_world = per_process is not None and len(per_process) == self.dp.world_size
         set_rng_state(per_process[self.dp.rank] if same_world else state["rng"], self.policy.generator)
@@ -416,13 +443,25 @@ class Trainer:
         log.info("resumed from %s (step %d)", ckpt, self.step)
         return True
 
+    def load_resumed_weights(self) -> None:
+        """FSDP: the resumed checkpoint's adapter (and value model) into the whole model, before it is sharded."""
+        point = self.folder.resume
+        if point.state is None:
+            point.state = load_trainer_state(point.folder)
+        load_weights(self.model, point.folder)
+        if point.state.get("value_model") is not None:
+            self.policy.value_model.load_state_dict(point.state["value_model"])
+        self.weights_loaded = True
+
     def save(self) -> None:
         """Write a checkpoint (main process; every process calls this, and waits until it is written)."""
         state = self.trainer_state()
+        weights = self.dp.full_state(self.model)  # FSDP: gathered on the main process; else None (the model's own)
         error = None
         if self.dp.is_main:
             try:  # a failed write (full disk) keeps the previous checkpoints and stops every process cleanly
-                save_checkpoint(self.run_dir, self.step, self.model, state, run_config=run_config(self.cfg))
+                save_checkpoint(self.run_dir, self.step, self.model, state, run_config=run_config(self.cfg),
+                                state_dict=weights)
             except CheckpointError as err:
                 error = err
         error = self.dp.broadcast_object(error)
@@ -476,6 +515,18 @@ class Trainer:
                                      and not k.endswith("examples")}})
         return result
 
+    def evaluate_everywhere(self, tag: str, starting: bool = False) -> dict | None:
+        """:meth:`evaluate` on the main process (None elsewhere). Under FSDP every process runs the same evaluation
+        (its result thrown away): the passes of the sharded units then stay the same on every process, which FSDP2's
+        per-unit state needs (a unit that ran forwards on one process only went out of step with the others in the
+        next backward: a hang). Call it in a :meth:`DataParallel.gathered` block."""
+        if self.dp.is_main:
+            return self.evaluate(tag, starting)
+        if self.dp.fsdp:
+            self.starting_metrics() if starting else self.policy_metrics()
+            self.evaluator.pair_metrics()
+        return None
+
     def periodic_evaluation(self, metrics: dict) -> tuple[bool, float | None]:
         """Evaluate on held-out data during training (every ``eval.every`` steps, and every
         ``trainer.early_stopping.every`` steps with early stopping): the result goes to ``eval_step<N>.json``, the
@@ -484,16 +535,19 @@ class Trainer:
         Returns (stop, kl): stop is True when the early-stopping metric has not improved for ``patience``
         evaluations; kl is the evaluation's KL(pi || pi_ref) estimate (``kl_k1``, nats per sequence) or None. The
         main process evaluates; its answer is broadcast."""
-        stop, kl = False, None
-        if self.dp.is_main:
-            result = self.evaluate(f"step{self.step:06d}")
-            metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
-            kl = result.get("kl_k1")
-            if self.early_stopping is not None and self.step % self.cfg.trainer.early_stopping.every == 0:
-                improved, stop = self.early_stopping.update(result, self.step)
-                if improved:
-                    save_weights(self.model, self.run_dir / "best")
-        stop, kl = self.dp.broadcast_object((bool(stop), kl))
+        stop, kl, improved = False, None, False
+        with self.dp.gathered():  # FSDP: the whole model evaluates
+            result = self.evaluate_everywhere(f"step{self.step:06d}")
+            if self.dp.is_main:
+                metrics.update({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
+                kl = result.get("kl_k1")
+                if self.early_stopping is not None and self.step % self.cfg.trainer.early_stopping.every == 0:
+                    improved, stop = self.early_stopping.update(result, self.step)
+            stop, kl, improved = self.dp.broadcast_object((bool(stop), kl, improved))
+        if improved:
+            weights = self.dp.full_state(self.model)
+            if self.dp.is_main:
+                save_weights(self.model, self.run_dir / "best", state_dict=weights)
         return stop, kl
 
     def evaluation_due(self) -> bool:
@@ -561,9 +615,12 @@ class Trainer:
         resumed = self.maybe_resume()
         main = self.dp.is_main
         before = None
-        if main and self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / EVAL_FILE.format(tag="before")).is_file()):
-            before = self.evaluate("before", starting=not resumed)
-            print_eval("before training", before)
+        if self.max_steps and cfg.eval.before and not (resumed and (self.run_dir / EVAL_FILE.format(tag="before")).is_file()):
+            with self.dp.gathered():  # FSDP: the whole model evaluates (on every process: evaluate_everywhere)
+                before = self.evaluate_everywhere("before", starting=not resumed)
+                if main:
+                    print_eval("before training", before)
+                self.dp.barrier()
         elif main and (self.run_dir / EVAL_FILE.format(tag="before")).is_file():
             before = json.loads((self.run_dir / EVAL_FILE.format(tag="before")).read_text())
         bar = tqdm(total=self.max_steps, initial=self.step, desc=f"{cfg.algo.name}",
@@ -582,17 +639,23 @@ class Trainer:
         if self.step and (not t.save_every or self.step % t.save_every):
             self.save()
         summary = None
-        if main:
-            weights = save_weights(self.model, self.run_dir)
-            if self.declaration.has("saves_artifacts"):  # a model of the plugin's own (algo=rm: the reward model)
-                self.algo.save_artifacts(self.run_dir, self.policy)
+        state = self.dp.full_state(self.model)  # FSDP: gathered on the main process; else None (the model's own)
+        with self.dp.gathered():  # FSDP: the whole model evaluates (on every process: evaluate_everywhere)
             after = None
+            if main:
+                weights = save_weights(self.model, self.run_dir, state_dict=state)
+                if self.declaration.has("saves_artifacts"):  # a model of the plugin's own (algo=rm: the reward model)
+                    self.algo.save_artifacts(self.run_dir, self.policy)
             if cfg.eval.after:  # also with no training step: a max_steps=0 run measures its starting policy
-                after = self.evaluate("after")
-                print_eval("after training" if self.step else "(no training steps)", after)
-            summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason, weights)
-            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-            write_model_card(cfg, self.run_dir, weights, summary)  # <weights>/README.md over peft's template
+                after = self.evaluate_everywhere("after")
+            if main:
+                if after is not None:
+                    print_eval("after training" if self.step else "(no training steps)", after)
+                summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason,
+                                       weights)
+                (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+                write_model_card(cfg, self.run_dir, weights, summary)  # <weights>/README.md over peft's template
+            self.dp.barrier()
         self.metrics_log.close()
         unlock_run_folder(self.run_dir)
         return self.dp.broadcast_object(summary)  # every process returns the main process's summary

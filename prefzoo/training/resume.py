@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 #: Settings that may differ between a run and its resumption (a key, or a prefix ending in ".").
 MAY_CHANGE = ("trainer.max_steps", "trainer.resume", "trainer.progress", "trainer.tensorboard", "trainer.report_to", "trainer.device",
-              "trainer.num_threads", "trainer.save_every", "trainer.log_every", "trainer.kl_metric_every",
+              "trainer.num_threads", "trainer.fsdp", "trainer.save_every", "trainer.log_every", "trainer.kl_metric_every",
               "trainer.micro_batch_size",
               "trainer.early_stopping.every", "trainer.early_stopping.patience", "objective.kl_budget",
               "model.fast.", "model.gradient_checkpointing", "eval.")

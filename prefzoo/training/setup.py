@@ -277,10 +277,15 @@ def hf_engine(cfg: Config):
     (its merged copy in ``rollout.dtype`` when set)."""
     from prefzoo.models.merged import merged_copy
     from prefzoo.rollout.engine import HFEngine
+    from prefzoo.training.distributed import fsdp_requested, launched_world_size
 
     r = cfg.rollout
     factory = None
-    if cfg.model.fast.merged_rollout:
+    sharded = fsdp_requested(cfg) and launched_world_size() > 1  # FSDP: the gathered shards sample, no copy of them
+    if sharded and cfg.model.fast.merged_rollout:
+        log.info("FSDP: the rollouts sample from the gathered LoRA model itself (model.fast.merged_rollout does not "
+                 "apply: a merged copy would be a whole model beside the shards)")
+    if cfg.model.fast.merged_rollout and not sharded:
         factory = merged_copy if r.dtype is None else partial(merged_copy, dtype=DTYPES[r.dtype])
     return HFEngine(factory, kv_cache=r.kv_cache, compile_decode=r.compile_decode, report_logps=r.log_mismatch)
 

@@ -75,7 +75,9 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
             rows); mini-batches are cut from the global rows and each process takes the rows it holds
             (:func:`prefzoo.training.sharding.minibatch_rows`). Default: (0, len(batch)), one process.
         parallel: keyword arguments for :func:`accumulate_gradients` (``all_reduce``, ``loss_scale``,
-            ``no_sync``, ``placeholder``).
+            ``no_sync``, ``placeholder``, ``equal_passes``, ``gathered``), and two of its own under FSDP:
+            ``sync_grads`` (``params -> None``, after the backward passes: the replicated parameters' gradients
+            averaged over processes) and ``clip_grad_norm`` (in place of ``torch.nn.utils.clip_grad_norm_``).
 
     Returns:
         ``{name: [sum, count]}`` over every optimizer step of the step: the plugin's metrics as
@@ -90,6 +92,8 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
     per_mb = math.ceil(n_global / d.num_minibatches)
     draw = permutation if permutation is not None else (lambda rows: torch.randperm(rows).tolist())
     parallel = dict(parallel or {})
+    sync_grads = parallel.pop("sync_grads", None)
+    clip = parallel.pop("clip_grad_norm", torch.nn.utils.clip_grad_norm_)
     totals: dict[str, list[float]] = {}
     whole = d.num_minibatches == 1  # each pass is one optimizer step on every row, in order: the batch itself
     alone = (offset, n_global) == (0, n)  # one process holds every row: a mini-batch's rows are its local rows
@@ -100,8 +104,10 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
             mb = batch if whole else batch.select(rows if alone else minibatch_rows(rows, offset, n))
             optimizer.zero_grad(set_to_none=True)
             m = accumulate_gradients(algo, policy, mb, micro_batch_size or max(1, len(mb)), **parallel)
+            if sync_grads is not None:
+                sync_grads(params)
             if max_grad_norm is not None:
-                m["grad_norm"] = (float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)), 1.0)
+                m["grad_norm"] = (float(clip(params, max_grad_norm)), 1.0)
             m["lr"] = (scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"], 1.0)
             optimizer.step()
             if scheduler is not None:
@@ -129,9 +135,17 @@ def step_statistics(algo: Algorithm, policy, batch: Batch, micro_batch_size: int
     return {k: (float(totals[i, 0] / totals[i, 1]) if float(totals[i, 1]) else 0.0) for i, k in enumerate(names)}
 
 
+def _zero_weight_pass(algo: Algorithm, policy, placeholder: Batch, aggregation: str, normaliser: float) -> None:
+    """A forward and backward of ``placeholder`` whose loss is multiplied by 0: the collectives of a pass, no
+    gradient."""
+    out = algo.loss(policy, placeholder)
+    (aggregate_loss(out.values, out.mask, aggregation, normaliser) * 0.0).backward()
+
+
 def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size: int, all_reduce=None,
                          loss_scale: float = 1.0, no_sync: Callable[[], ContextManager] | None = None,
-                         placeholder: Batch | None = None) -> dict[str, float]:
+                         placeholder: Batch | None = None, equal_passes: Callable[[int], int] | None = None,
+                         gathered: Callable[[], ContextManager] | None = None) -> dict[str, float]:
     """Backpropagate the loss of ``batch`` through micro-batches, normalised over the whole batch.
 
     Args:
@@ -141,6 +155,11 @@ def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size
             backward of every micro-batch but the last, so gradients are all-reduced once per call.
         placeholder: data parallelism: rows to run with weight 0 when ``batch`` is empty on this process (every
             process must take part in the gradient all-reduce); unused when ``batch`` has rows.
+        equal_passes: FSDP: maps this process's number of micro-batches to the largest over the processes; the
+            difference is made up with passes of ``placeholder`` at weight 0, since every sharded forward all-gathers
+            and every backward reduce-scatters, and the processes must run as many.
+        gathered: FSDP: a context-manager factory (the sharded modules made whole) for the plugin's
+            ``step_statistics`` passes, whose number may differ between processes.
 
     Returns:
         ``{name: (sum, count)}``: each per-row metric summed times its rows with the row count, each per-token
@@ -151,14 +170,18 @@ def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size
     """
     aggregation = algo.declaration.aggregation
     if algo.declaration.has("step_statistics"):  # before the losses: a statistic of the whole optimizer step
-        algo.statistics = step_statistics(algo, policy, batch, micro_batch_size, all_reduce)
+        with gathered() if gathered is not None else contextlib.nullcontext():
+            algo.statistics = step_statistics(algo, policy, batch, micro_batch_size, all_reduce)
     micros = batch.chunks(micro_batch_size)
     normaliser = torch.tensor(float(sum(algo.normaliser(m) for m in micros)))
     if all_reduce is not None:
         normaliser = all_reduce(normaliser)
+    padding = equal_passes(len(micros)) - len(micros) if equal_passes is not None else 0
+    for _ in range(padding if micros else 0):  # FSDP: as many sharded passes as the busiest process
+        _zero_weight_pass(algo, policy, placeholder, aggregation, float(normaliser))
     if not micros and placeholder is not None:  # no rows here: join the all-reduce with zero gradients
-        out = algo.loss(policy, placeholder)
-        (aggregate_loss(out.values, out.mask, aggregation, float(normaliser)) * 0.0).backward()
+        for _ in range(max(1, padding)):
+            _zero_weight_pass(algo, policy, placeholder, aggregation, float(normaliser))
         return {"loss": 0.0}
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # name -> [sum, count]
     total = 0.0

@@ -118,7 +118,11 @@ def test_the_uniforms_of_a_prompt_come_from_its_own_seed():
 
 # ------------------------------------------------------------------ launch configurations refused up front
 @pytest.mark.parametrize("env,needle", [
-    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP, which prefzoo runs on GPUs only"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "set fsdp_version: 2"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "true"},
+     "set fsdp_offload_params: false"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_ACTIVATION_CHECKPOINTING": "true"},
+     "model.gradient_checkpointing=true"),
     ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, "DeepSpeed (ZeRO-2), which needs GPUs"),
     ({"ACCELERATE_MIXED_PRECISION": "bf16"}, "model.dtype"),
     ({"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}, "dynamo_backend"),
@@ -148,8 +152,7 @@ def test_unusable_launch_configurations_fail_before_any_model_loads(monkeypatch,
      "ZeRO-3 shards the model's parameters, which 4-bit"),
     ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, True, "none",
      "DeepSpeed (ZeRO-2) is not supported"),
-    ({"ACCELERATE_USE_FSDP": "true"}, True, "4bit", "FSDP shards the model's parameters, which 4-bit"),
-    ({"ACCELERATE_USE_FSDP": "true"}, True, "none", "FSDP is not supported"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, True, "4bit", "4-bit (bitsandbytes) weights are not sharded"),
 ])
 def test_gpu_only_configurations_say_what_is_wrong(monkeypatch, env, installed, quantization, needle):
     """On a GPU machine (faked: trainer.device=cuda is only read here), the most specific reason comes first."""
@@ -162,6 +165,28 @@ def test_gpu_only_configurations_say_what_is_wrong(monkeypatch, env, installed, 
     cfg = typed("model=tiny", f"model.quantization={quantization}")
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         distributed.check_launch(cfg)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("rollout.log_mismatch=true", "rollout.log_mismatch=true needs a whole model beside the trainer"),
+    ("rollout.dtype=bfloat16", "rollout.dtype=bfloat16 needs a whole model"),
+    ("rollout.asynchronous=true", "rollout.asynchronous=true needs a whole model"),
+    ("model.quantization=4bit", "4-bit (bitsandbytes) weights are not sharded by fully_shard"),
+])
+def test_fsdp_refuses_what_needs_a_whole_model_before_any_model_loads(override, needle):
+    """trainer.fsdp=true (torchrun's spelling) with a sampler that keeps a whole model of its own, or 4-bit weights:
+    one line naming the setting and the way out, from the launch check that runs before any model loads."""
+    cfg = typed("model=tiny", "algo=grpo", "trainer.fsdp=true", override)
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
+        distributed.check_launch(cfg)
+    assert "\n" not in str(err.value) and ("DDP" in str(err.value) or "Drop" in str(err.value))
+
+
+def test_fsdp_on_one_process_warns_and_trains_unsharded(monkeypatch, caplog):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with caplog.at_level("WARNING"):
+        dp = distributed.setup_data_parallel(typed("model=tiny", "trainer.fsdp=true"), torch.device("cpu"))
+    assert not dp.enabled and not dp.fsdp and "the launcher started one process" in caplog.text
 
 
 def test_one_process_needs_no_process_group(monkeypatch):
