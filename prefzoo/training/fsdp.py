@@ -7,9 +7,10 @@ Under data parallelism (:mod:`prefzoo.training.distributed`) every process holds
 forward, a reduce-scatter of the gradients after its backward). What this module does for the loop:
 
 * :func:`shard`: ``fully_shard`` on every decoder layer (the classes the Hugging Face model lists in
-  ``_no_split_modules``), then on the model itself (embeddings, final norm, output layer), for each module that
-  holds weights: the policy (LoRA adapter and frozen base alike: the base weights are sharded and stay frozen), a
-  value model with a backbone of its own (its head alone otherwise), a reference copy (full fine-tuning).
+  ``_no_split_modules``) of each module that holds weights: the policy (LoRA adapter and frozen base alike: the base
+  weights are sharded and stay frozen), a value model with a backbone of its own, a reference copy (full
+  fine-tuning). What lies outside the layers (embeddings, final norm, output layer, a value head) stays whole on
+  every process, its gradients averaged as under DDP (:func:`all_reduce_replicated_grads`; why: :func:`shard`).
 * :func:`gathered`: a context in which every sharded module is whole on every process (one all-gather each, at the
   cost of one full copy of the weights per process) and stays whole through any number of forward passes. The loop
   samples rollouts, scores them (policy, reference, value passes without gradients) and evaluates inside it: those
@@ -63,9 +64,9 @@ def shard(modules: list[nn.Module], reshard_after_forward: bool = True) -> None:
     the embeddings (SmolLM2), which FSDP requires in one unit. For SmolLM2-135M the layers hold 106M of the 135M
     weights (the embeddings 28M); for a 7B model with an untied head about 93%.
 
-    Ends with one :func:`gathered` block, outside any inference mode: FSDP2 allocates each unit's unsharded
-    parameters at its first all-gather, and ones first made under ``torch.inference_mode`` (the reference pass) could
-    not take part in a backward later."""
+    Ends with one :func:`gathered` block, outside any inference mode, on every process: FSDP2 allocates each unit's
+    unsharded parameters at its first all-gather, and this makes sure that is not under ``torch.inference_mode`` (the
+    reference pass), whose tensors cannot take part in a backward (a precaution)."""
     FSDPModule, fully_shard = _fsdp()
     for module in modules:
         for layer in decoder_layers(module):
