@@ -10,7 +10,8 @@ one-process references in this process meanwhile:
 * PPO (the value head on the policy's backbone, trained beside the adapter: a replicated parameter under FSDP);
 * DPO with full fine-tuning (every weight trains; the reference is a frozen copy, sharded too; the embeddings stay
   whole and their gradients are averaged as under DDP);
-* GRPO stopped after 2 steps and resumed to 3 under FSDP, and the same checkpoint resumed by ONE process.
+* GRPO stopped after 2 steps and resumed to 3 under FSDP, and the same checkpoint resumed by ONE process;
+* DPO on two "nodes" (two torchrun launches of one process, c10d rendezvous on loopback).
 
 What is compared, and why these tolerances. Mathematically a 2-process step is the 1-process step: each process's
 gradient of its half, summed by the reduce-scatter and halved (the losses are scaled by 2), both exact in binary;
@@ -84,6 +85,13 @@ def runs(tmp_path_factory):
     out["stdout"] = {name: wait(proc, name) for name, proc in first.items()}
     second = {"ppo": torchrun(PPO, base / "ppo"), "full": torchrun(FULL, base / "full"),
               "resumed": torchrun([*GRPO, "trainer.resume=true"], base / "resumed")}
+    port = free_port()  # two "nodes" of one process each, meeting at torchrun's c10d rendezvous on loopback
+    for node in (0, 1):
+        second[f"node{node}"] = start([str(Path(sys.executable).parent / "torchrun"), "--nnodes", "2",
+                                       "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                                       "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "prefzoo-test",
+                                       str(ROOT / "train.py"), *DPO_EVAL, "trainer.fsdp=true",
+                                       f"hydra.run.dir={base / 'nodes'}"], ROOT)
     # the FSDP run's step-2 checkpoint, resumed by one process (its own copy of the folder)
     shutil.copytree(base / "grpo", base / "one", ignore=shutil.ignore_patterns("step-000003"))
     for name in ("metrics.jsonl", "summary.json"):
@@ -93,7 +101,7 @@ def runs(tmp_path_factory):
     cfg = compose([*GRPO, "trainer.resume=true"])
     loop.Trainer(cfg, base / "one").run()
     out["stdout"].update({name: wait(proc, name) for name, proc in second.items()})
-    out.update({name: base / name for name in ("dpo", "grpo", "ppo", "full", "resumed", "one")})
+    out.update({name: base / name for name in ("dpo", "grpo", "ppo", "full", "resumed", "one", "nodes")})
     return out
 
 
@@ -173,3 +181,14 @@ def test_an_fsdp2_checkpoint_resumes_in_one_process(runs):
     same adapter as the uninterrupted runs: the optimizer state is in one process's layout."""
     assert [r["step"] for r in read_metrics(runs["one"] / "metrics.jsonl")] == [3]
     assert_same_adapter(runs["grpo_ref"], runs["one"])
+
+
+def test_two_nodes_through_torchrun_rendezvous_match_one_process(runs):
+    """``torchrun --nnodes 2 --rdzv_backend c10d`` (two launches, one process each, as on two machines): the same
+    DPO update and evaluation as one process, the main process alone writing."""
+    assert_same_adapter(runs["dpo_ref"], runs["nodes"])
+    assert_same_metrics(runs["dpo_ref"], runs["nodes"], ("loss", "grad_norm", "rewards/margins"))
+    one = json.loads((runs["dpo_ref"] / "eval_after.json").read_text())
+    two = json.loads((runs["nodes"] / "eval_after.json").read_text())
+    assert two["task_reward"] == pytest.approx(one["task_reward"], rel=1e-5)
+    assert json.loads((runs["nodes"] / "summary.json").read_text())["num_processes"] == 2
