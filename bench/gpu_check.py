@@ -1,6 +1,7 @@
-"""CUDA checks and step times on a GPU: 4-bit QLoRA on bitsandbytes' CUDA kernels, bf16 vs fp32.
+"""CUDA checks and step times on a GPU: 4-bit QLoRA on bitsandbytes' CUDA kernels, bf16 vs fp32, FSDP2.
 
     python bench/gpu_check.py --model <SmolLM2 directory or HF id> [--steps 5]
+    python bench/gpu_check.py --model tiny --cpu --skip-grpo        # a dry run of the script on the CPU
 
 For each precision (fp32 weights; fp32 weights + bf16 autocast; bf16 weights; nf4 4-bit weights + LoRA, i.e.
 QLoRA) it builds the policy exactly as the trainer does (``prefzoo.training.setup.build_policy``) on
@@ -9,6 +10,13 @@ LoRA weights get a non-zero gradient, 4-bit log-probs stay close to the bf16 mod
 (4 pairs x max_length 256, as ``bench/bench_preference.py``) and GRPO steps (2 prompts x 4 samples x 64 new
 tokens, as ``bench/bench_grpo.py``): median step time after one warm-up step, real tokens/s, and peak GPU
 memory (``torch.cuda.max_memory_allocated``).
+
+FSDP2 (with 2 or more GPUs; ``--cpu``: 2 CPU processes): ``train.py algo=dpo`` for 3 steps on the test pairs
+(``tests/fixtures/arithmetic_pairs.jsonl``, 4 pairs a step, micro-batches of 1) in one process, then through
+``torchrun --nproc_per_node N ... trainer.fsdp=true`` on the same global batch; PASS when the two adapters differ
+by at most 1e-3 of the adapter's largest weight (the reductions sum in another order, and Adam's first steps turn
+a rounding gap in a near-zero gradient into up to lr: 1.5e-5 of the scale measured on 2 CPU processes; the exact
+bounds are ``tests/distributed/test_fsdp.py``'s, on CPUs); the wall times of both runs.
 
 Used where the test machine has no GPU: the numbers printed here are what the README quotes for CUDA.
 """
@@ -110,7 +118,7 @@ def dpo_row(name: str, extra: list[str], args) -> dict:
     stats, grad = outs[0]
     return {"name": name, "step_s": step_s, "tokens_per_s": batch.num_tokens() / step_s,
             "peak_gb": peak_gb(), "linear4bit": len(quantised),
-            "loss": float(stats["loss"]), "grad_abs_sum": grad, "chosen_logps": logps.sum(-1).cpu(),
+            "loss": float(stats["loss"][0]), "grad_abs_sum": grad, "chosen_logps": logps.sum(-1).cpu(),
             "weight_device": str(next(built.model.parameters()).device)}
 
 
@@ -147,12 +155,50 @@ def grpo_row(name: str, extra: list[str], beta: float, args) -> dict:
             "peak_gb": peak_gb()}
 
 
+def fsdp_row(args) -> dict:
+    """One process against ``torchrun`` with N processes under FSDP2 on the same DPO steps (module docstring)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    n = 2 if DEVICE.type == "cpu" else torch.cuda.device_count()
+    common_args = ["algo=dpo", f"model={args.model}", "data=file",
+                   f"data.path={ROOT / 'tests' / 'fixtures' / 'arithmetic_pairs.jsonl'}", "data.max_length=96",
+                   "data.max_prompt_length=64", "trainer.batch_size=4", "trainer.micro_batch_size=1",
+                   "trainer.max_steps=3", "trainer.lr=5e-3", "trainer.save_every=0", "eval.before=false",
+                   "eval.after=false", "trainer.progress=false", "trainer.tensorboard=false",
+                   f"trainer.device={DEVICE.type}", "model.fast.merged_rollout=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    out = {"processes": n}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {"one": [sys.executable, str(ROOT / "train.py"), *common_args],
+                "fsdp": [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(n),
+                         str(ROOT / "train.py"), *common_args, "trainer.fsdp=true"]}
+        for name, cmd in runs.items():
+            t0 = time.perf_counter()
+            proc = subprocess.run([*cmd, f"hydra.run.dir={Path(tmp) / name}"], env=env, capture_output=True,
+                                  text=True, cwd=ROOT)
+            out[f"{name}_s"] = time.perf_counter() - t0
+            if proc.returncode:
+                out["error"] = f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+                return out
+        a = load_file(str(Path(tmp) / "one" / "adapter" / "adapter_model.safetensors"))
+        b = load_file(str(Path(tmp) / "fsdp" / "adapter" / "adapter_model.safetensors"))
+    out["max_diff"] = max(float((a[k] - b[k]).abs().max()) for k in a)
+    out["scale"] = max(float(a[k].abs().max()) for k in a)
+    out["passed"] = a.keys() == b.keys() and out["max_diff"] <= 1e-3 * out["scale"]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--skip-grpo", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="dry run of this script on the CPU (no 4-bit)")
+    ap.add_argument("--skip-fsdp", action="store_true")
     args = ap.parse_args()
     global DEVICE
     if args.cpu:
@@ -186,7 +232,19 @@ def main() -> int:
                 r = grpo_row(name, PRECISIONS[name], beta, args)
                 print(f"| {name} | {beta} | {1000 * r['step_s']:.0f} | {1000 * r['gen_s']:.0f} | {r['peak_gb']:.2f} |",
                       flush=True)
-    return 0
+    if args.skip_fsdp:
+        return 0
+    if DEVICE.type == "cuda" and torch.cuda.device_count() < 2:
+        print("FSDP2: skipped (one GPU: nothing to shard over)")
+        return 0
+    r = fsdp_row(args)
+    if "error" in r:
+        print(f"FSDP2: FAIL ({r['error']})")
+        return 1
+    print(f"FSDP2, DPO 3 steps on {r['processes']} processes against 1: {'PASS' if r['passed'] else 'FAIL'} (max "
+          f"|adapter diff| {r['max_diff']:.2e} of weights up to {r['scale']:.2e}; wall {r['one_s']:.0f} s for 1 "
+          f"process, {r['fsdp_s']:.0f} s sharded)")
+    return 0 if r["passed"] else 1
 
 
 if __name__ == "__main__":
