@@ -282,11 +282,14 @@ class DataParallel:
         return full_model_state(module)
 
     def max_over_processes(self, value: int) -> int:
+        """The largest ``value`` over all processes (every process calls it)."""
         if not self.enabled:
             return value
-        from prefzoo.training.fsdp import max_over_processes
+        import torch.distributed as dist
 
-        return max_over_processes(value)
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
 
     def no_sync(self, wrapped: nn.Module):
         """Context in which backward passes accumulate gradients locally without all-reducing them."""
@@ -330,12 +333,13 @@ def setup_data_parallel(cfg, device: torch.device | None = None) -> DataParallel
     fsdp = fsdp_requested(cfg)
     # under FSDP accelerate only starts the process group: prefzoo shards the modules itself (fully_shard), the
     # same way under torchrun and accelerate launch, so accelerate's own FSDP plugin is kept out
-    hidden = {k: os.environ.pop(k) for k in ("ACCELERATE_USE_FSDP",) if fsdp and k in os.environ}
+    hidden = os.environ.pop("ACCELERATE_USE_FSDP", None) if fsdp else None
     try:
         accelerator = Accelerator(cpu=_uses_cpu(cfg.trainer.device), mixed_precision="no",
                                   kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
     finally:
-        os.environ.update(hidden)
+        if hidden is not None:
+            os.environ["ACCELERATE_USE_FSDP"] = hidden
     dp = DataParallel(accelerator, fsdp=fsdp, reshard_after_forward=os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true")
                       .lower() in _TRUE)
     log.info("data parallel: process %d of %d on %s (%s)", dp.rank, dp.world_size, dp.device,

@@ -170,13 +170,6 @@ def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_model_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load a whole (unsharded) state dict, the same on every process, into the sharded ``module``."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
-
-
 def full_optimizer_state(root: nn.Module, optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> dict:
     """``optimizer``'s state gathered, in the layout of one process's ``optimizer.state_dict()`` (state keyed by the
     position of each parameter in ``params``, the order the optimizer was built with), on process 0 ({} on the
@@ -212,13 +205,3 @@ def parameter_names(root: nn.Module, params: list[nn.Parameter]) -> list[str]:
     """The name under ``root`` of each parameter in ``params`` (the names torch.distributed.checkpoint uses)."""
     by_id = {id(p): name for name, p in root.named_parameters()}
     return [by_id[id(p)] for p in params]
-
-
-def max_over_processes(value: int) -> int:
-    """The largest ``value`` over all processes (every process must call it)."""
-    import torch.distributed as dist
-
-    t = torch.tensor([int(value)], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
