@@ -167,6 +167,9 @@ def preflight(cfg: DictConfig) -> Preflight:
     from prefzoo.training.trackers import check_report_to
 
     check_report_to(typed)  # trainer.report_to: known trackers, their packages installed
+    from prefzoo.validation import check_rollout_servers
+
+    check_rollout_servers(typed)  # rollout.engine=vllm_server: the servers answer and serve the run's model
     warn_idle(typed, declaration.trains, declaration.uses_beta)
     return Preflight(typed, algo)
 

@@ -6,6 +6,7 @@
     prefzoo diagnose RUN_DIR [--json]     the beta doctor: not moving, drifting, verbose, repetitive, collapsing?
     prefzoo conformance [--seeds N ...]   the conformance table of every plugin (prefzoo.lab.conformance)
     prefzoo toy [--algo grpo ...]         the toy bandit's reward-vs-KL frontier (prefzoo.lab.toy)
+    prefzoo serve --model M --port P      a vLLM server a run samples from (rollout.engine=vllm_server; prefzoo.serve)
 
 The configs ship inside the package (``prefzoo/conf/``, :func:`conf_dir`), so an installed wheel runs
 ``prefzoo train algo=dpo model=tiny`` from any folder. A config folder of your own is added with Hydra's
@@ -87,9 +88,15 @@ def toy(argv: list[str]) -> int:
     return toy_main(argv)
 
 
+def serve(argv: list[str]) -> int:
+    from prefzoo.serve import main as serve_main
+
+    return serve_main(argv)
+
+
 #: ``prefzoo COMMAND [arguments]``
 COMMANDS = {"train": train, "pairs": pairs, "report": report, "diagnose": diagnose,
-            "conformance": conformance, "toy": toy}
+            "conformance": conformance, "toy": toy, "serve": serve}
 
 
 def usage() -> str:

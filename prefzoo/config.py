@@ -84,6 +84,7 @@ class PairsConfig:
     require_finished: bool = True  # chosen must end by itself (EOS); false: compare completions cut at max_new_tokens
     annotator: str = "gold"  # who labels the pairs: gold (the verifier) | longer (length-biased; prefzoo.data.pairs)
     length_bias: float = 0.5  # annotator=longer: probability of preferring the longer over the verifier's better
+    seed: Optional[int] = None  # the seed of the pairs' sampling and labelling (eval pairs: seed + 1); null: data.seed
 
 
 @dataclass
@@ -152,6 +153,10 @@ class VLLMConfig:
     cpu_kv_cache_gib: int = 1  # CPU build: the KV cache's size (VLLM_CPU_KVCACHE_SPACE)
     cpu_threads: int = 0  # CPU build: the engine's OpenMP threads; 0 = trainer.num_threads (else vLLM's default)
     seed: Optional[int] = None  # the engine's own seed; None = trainer.seed (rollouts carry per-prompt seeds)
+    # engine=vllm_server (prefzoo.rollout.vllm_server): where the adapters are written for the servers to load, a path
+    # every server reads (a shared file system across machines); null: a temporary folder (servers on this machine)
+    adapter_dir: Optional[str] = None
+    request_timeout: float = 600.0  # engine=vllm_server: seconds one completion request may take
 
 
 @dataclass
@@ -174,7 +179,10 @@ class RolloutConfig:
     temperature: Optional[float] = None  # None: the algorithm's default_temperature (1.0; GRPO 0.7)
     top_p: float = 1.0
     max_new_tokens: int = 64
-    engine: str = "hf"  # hf (prefzoo's own decode loop) | vllm (optional: pip install 'prefzoo[vllm]', docs/vllm.md)
+    # hf (prefzoo's own decode loop) | vllm (in-process, optional: pip install 'prefzoo[vllm]', docs/vllm.md) |
+    # vllm_server (vLLM servers over HTTP, rollout.servers; `prefzoo serve` starts one: docs/scaling-out.md)
+    engine: str = "hf"
+    servers: list[str] = field(default_factory=list)  # engine=vllm_server: [http://host:port, ...]
     top_k: int = 0  # sample from the k most likely tokens only (before top_p); 0: off
     # a rollout worker process samples the next batches while the trainer updates (prefzoo.rollout.async_rollouts):
     # the rollout of step n is drawn by the policy of step n - max_staleness or later; 0 = the synchronous update
@@ -226,6 +234,7 @@ class EvalConfig:
     after: bool = True
     reuse_before: bool = True  # the evaluation before training computed once per setting (prefzoo.training.baseline)
     every: int = 0  # also evaluate every N training steps (0: never): eval_step<N>.json and summary's eval_history
+    steps: list[int] = field(default_factory=list)  # also evaluate after exactly these steps (e.g. [1, 2, 3, 4, 6, 8])
     gold_reward: GoldRewardConfig = field(default_factory=GoldRewardConfig)
     ood: OODConfig = field(default_factory=OODConfig)  # a shifted held-out task too (ood_* metrics), prefzoo.data.ood
     num_problems: int = 200  # held-out prompts for greedy task accuracy
@@ -473,6 +482,10 @@ def validate(cfg: Config) -> Config:
     _positive("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
     check_rollout_engine(cfg)
     _positive("eval.every", cfg.eval.every, allow_zero=True)
+    steps = list(cfg.eval.steps)
+    if any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in steps) or steps != sorted(set(steps)):
+        raise ConfigError(f"eval.steps={steps}: training steps to evaluate after, integers >= 1 in increasing order, "
+                          "each once (e.g. eval.steps=[1,2,4,8]).")
     gold = cfg.eval.gold_reward
     if gold.weights is not None and len(gold.weights) != len(gold.functions):
         raise ConfigError(f"eval.gold_reward.weights has {len(gold.weights)} entries but eval.gold_reward.functions has "
@@ -573,6 +586,24 @@ def check_correction(cfg: Config) -> None:
                           "(rollout.correction.mode=null, or bypass=false).")
 
 
+#: ``rollout.engine``: prefzoo's decode loop, vLLM in the trainer's process, vLLM servers over HTTP
+ENGINES = ("hf", "vllm", "vllm_server")
+
+
+def check_server_url(url: str, where: str) -> str:
+    """``url`` without a trailing slash.
+
+    Raises:
+        ConfigError: naming ``where``, when ``url`` is not ``http(s)://host[:port]``."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(str(url))
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"{where}={url!r} is not a server address; give http://host:port (e.g. http://127.0.0.1:8000, "
+                          "the address `prefzoo serve --port 8000` prints).")
+    return str(url).rstrip("/")
+
+
 def check_rollout_engine(cfg: Config) -> None:
     """``rollout.engine`` and its settings, before any model loads: the engine's name, vLLM installed (the
     message gives the install command), what the vLLM engine cannot serve, and ``rollout.correction.*``
@@ -584,7 +615,7 @@ def check_rollout_engine(cfg: Config) -> None:
     import importlib.util
 
     r, m = cfg.rollout, cfg.model
-    _choice("rollout.engine", r.engine, ("hf", "vllm"))
+    _choice("rollout.engine", r.engine, ENGINES)
     _choice("rollout.kv_cache", r.kv_cache, ("static", "dynamic"))
     if r.dtype is not None:
         _choice("rollout.dtype", r.dtype, ("float32", "bfloat16", "float16"))
@@ -596,23 +627,36 @@ def check_rollout_engine(cfg: Config) -> None:
                               "dtype; it needs model.lora.enabled=true, model.fast.merged_rollout=true, "
                               "model.quantization=none and model.compute_dtype=null (or set rollout.dtype=null).")
     check_correction(cfg)
-    if r.engine != "vllm":
+    if r.servers and r.engine != "vllm_server":
+        raise ConfigError(f"rollout.servers is set but rollout.engine={r.engine} samples without them; set "
+                          "rollout.engine=vllm_server (or drop rollout.servers).")
+    if r.engine == "hf":
         return
-    if importlib.util.find_spec("vllm") is None:
+    e = f"rollout.engine={r.engine}"
+    if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed in this Python "
-                          f"({__import__('sys').executable}): {VLLM_INSTALL}; or use rollout.engine=hf.")
+                          f"({__import__('sys').executable}): {VLLM_INSTALL}; or use rollout.engine=hf "
+                          "(or vllm_server, whose servers run vLLM elsewhere).")
     if not m.lora.enabled:
-        raise ConfigError("rollout.engine=vllm sends the trained weights to the engine as a LoRA adapter after each "
+        raise ConfigError(f"{e} sends the trained weights to the engine as a LoRA adapter after each "
                           "optimizer step; it needs model.lora.enabled=true (or use rollout.engine=hf).")
     if m.lora.modules_to_save:
-        raise ConfigError(f"rollout.engine=vllm: model.lora.modules_to_save={list(m.lora.modules_to_save)} is not "
+        raise ConfigError(f"{e}: model.lora.modules_to_save={list(m.lora.modules_to_save)} is not "
                           "part of a LoRA adapter vLLM can load; set model.lora.modules_to_save=null or use "
                           "rollout.engine=hf.")
     if m.quantization != "none":
-        raise ConfigError(f"rollout.engine=vllm with model.quantization={m.quantization} would sample from the "
+        raise ConfigError(f"{e} with model.quantization={m.quantization} would sample from the "
                           "full-precision base while the trainer uses the quantised one; use model.quantization=none "
                           "or rollout.engine=hf.")
     v = r.vllm
+    if r.engine == "vllm_server":
+        if not r.servers:
+            raise ConfigError("rollout.engine=vllm_server needs rollout.servers=[http://host:port, ...]: start each "
+                              "server with `prefzoo serve --model <model.name> --port <port>` (docs/scaling-out.md).")
+        for i, url in enumerate(r.servers):
+            check_server_url(url, f"rollout.servers[{i}]")
+        _positive("rollout.vllm.request_timeout", v.request_timeout)
+        return
     if v.dtype is not None:
         _choice("rollout.vllm.dtype", v.dtype, ("float32", "bfloat16", "float16"))
     _positive("rollout.vllm.max_model_len", v.max_model_len)

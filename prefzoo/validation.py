@@ -14,6 +14,9 @@ the evaluation or on disk. The command line's pre-flight (:func:`prefzoo.cli.pre
 * :func:`check_kl_controller`: ``objective.kl_controller=adaptive`` only with a plugin that adapts beta (capability
   ``adaptive_beta``); any other would keep beta fixed while the config says adaptive.
 * :func:`warn_idle`: legal values that make a run do nothing (``trainer.lr=0``) are warned about.
+* :func:`check_rollout_servers`: ``rollout.engine=vllm_server``: every server in ``rollout.servers`` answers, serves
+  the run's base model with room for its tokens, and loads adapters at run time
+  (:func:`prefzoo.rollout.vllm_server.check_servers`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ log = logging.getLogger("prefzoo.config")
 
 __all__ = ["check_teacher", "check_names", "check_annotator", "check_ood_eval", "check_early_stopping_metric", "check_adapter_path",
            "pickled_adapter", "check_model_name",
-           "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle"]
+           "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle",
+           "check_rollout_servers"]
 
 
 def check_names(cfg) -> None:
@@ -270,3 +274,21 @@ def check_environment(cfg, online: bool, turn_rewards: bool = False) -> None:
         raise ConfigError(f"env.reward_placement=turn with algo={cfg.algo.name}: its advantage is one number per "
                           "trajectory, so step rewards can only add up; use algo=ppo or algo=reinforce_pp (per-token "
                           "returns), or env.reward_placement=trajectory.")
+
+
+def check_rollout_servers(cfg) -> None:
+    """``rollout.engine=vllm_server``: ask each server in ``rollout.servers`` what it serves, before any model loads
+    (:func:`prefzoo.rollout.vllm_server.check_servers`); nothing for the other engines.
+
+    Raises:
+        ConfigError: a server that does not answer, serves another base model, has too short a context, or cannot
+            load adapters at run time (one line naming ``rollout.servers[i]`` and the fix).
+    """
+    r = cfg.rollout
+    if r.engine != "vllm_server":
+        return
+    from prefzoo.rollout.vllm_server import check_servers, served_model_name
+
+    m = cfg.model
+    name = served_model_name(m.name, tiny_hidden_size=m.tiny_hidden_size, tiny_layers=m.tiny_layers, seed=cfg.trainer.seed)
+    check_servers(list(r.servers), name, cfg.data.max_prompt_length + max(r.max_new_tokens, cfg.eval.max_new_tokens))

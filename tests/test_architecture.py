@@ -52,9 +52,12 @@ ALLOWED: dict[str, set[str]] = {
     "lab": BASE | MIDDLE | {"algos", "training"},
     "report": BASE | MIDDLE | {"training", "lab"},
     "cli": BASE | MIDDLE | {"algos", "training", "lab", "report"},
-    "commands": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli"},  # the prefzoo console script
+    # prefzoo serve (issue 31): a vLLM server on the model a run resolves (models) with the names the trainer checks
+    # (rollout); beside the loop, not under it
+    "serve": BASE | MIDDLE,
+    "commands": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "serve"},  # the prefzoo console script
     "diagnose": BASE | {"report"},  # python -m prefzoo.diagnose: the beta doctor of prefzoo.report.diagnose
-    "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "commands"},
+    "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "commands", "serve"},
     # the Python API (prefzoo.train / load_policy): the command line's path, without its printing and exiting
     "api": BASE | MIDDLE | {"algos", "training", "cli", "commands"},
     "__init__": {"api"},  # lazily only (module __getattr__): see test_the_package_imports_the_api_only_lazily

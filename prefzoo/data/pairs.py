@@ -280,6 +280,12 @@ def copy_shipped(folder: Path) -> bool:
     return True
 
 
+def pairs_seed(cfg) -> int:
+    """The seed the built-in pairs are sampled (the reference policy's generator) and labelled with:
+    ``data.pairs.seed``, or ``data.seed`` when that is null."""
+    return cfg.data.seed if cfg.data.pairs.seed is None else cfg.data.pairs.seed
+
+
 def pairs_folder(cfg, cache_root: Path) -> Path:
     """The cache folder of the built-in pairs of ``cfg`` (``<cache_root>/pairs/<task>-<key>``): the key hashes the task,
     the pair settings, the model's name and the reward, so other settings build (or find) a set of their own."""
@@ -287,6 +293,8 @@ def pairs_folder(cfg, cache_root: Path) -> Path:
     pairs_key = dict(vars(p) if not hasattr(p, "_content") else p)
     if pairs_key.get("require_finished", True):  # the default leaves the key (and the caches built before it) as it was
         pairs_key.pop("require_finished", None)
+    if pairs_key.get("seed") is None:  # likewise the pairs' own seed: null samples with data.seed, as before it existed
+        pairs_key.pop("seed", None)
     if pairs_key.get("annotator", "gold") == "gold":  # likewise the verifier's pairs (length_bias plays no part)
         pairs_key.pop("annotator", None)
         pairs_key.pop("length_bias", None)
@@ -333,12 +341,13 @@ def build_or_load_pairs(cfg, tokenizer, build_policy, reward_fn, train_prompts: 
     params = SamplingParams(temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens)
     start = time.perf_counter()
     stats, built, graded = {}, {}, []
+    seed = pairs_seed(cfg)
     splits = [("train", train_prompts, p.num_prompts, train_path), ("eval", eval_prompts, p.eval_prompts, eval_path)]
     for name, prompts, n, path in splits[:1] if have_pairs else splits:  # pairs cached: only the unpaired rows
         log.info("building %s preference pairs: %d prompts x %d samples", name, min(n, len(prompts)),
                  p.num_samples)
         rows, s = sample_and_label(policy, prompts.subset(n), reward_fn, p.num_samples, params,
-                                   p.batch_size, seed=cfg.data.seed + (name == "eval"), progress=progress,
+                                   p.batch_size, seed=seed + (name == "eval"), progress=progress,
                                    require_finished=p.require_finished, known_answer=True,
                                    graded=graded if name == "train" else None, annotator=p.annotator,
                                    length_bias=p.length_bias)

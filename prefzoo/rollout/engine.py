@@ -16,6 +16,8 @@ without EOS ``truncated``.
   fed the LoRA adapter after every optimizer step; it fills ``sample_logps`` with the log-probs it sampled with,
   from which the rollout's engine/trainer mismatch is logged and, with ``rollout.correction.mode``, corrected
   (:func:`prefzoo.objective.correction_weights`; docs/off-policy.md).
+* :class:`prefzoo.rollout.vllm_server.VLLMServerEngine` (``vllm_server``): N vLLM servers over HTTP (``rollout.servers``,
+  started with ``prefzoo serve``), sent the LoRA adapter after every optimizer step, with ``sample_logps`` as ``vllm``.
 
 Per-prompt seeds (:data:`prefzoo.types.ROLLOUT_SEED_COLUMN`) make prompt i's samples depend on its seed alone,
 in both engines (each engine has its own random stream: the same seed does not give the same samples in both).
@@ -30,9 +32,7 @@ from torch import nn
 
 from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
 
-__all__ = ["RolloutEngine", "HFEngine", "ENGINES"]
-
-ENGINES = ("hf", "vllm")
+__all__ = ["RolloutEngine", "HFEngine"]
 
 
 @runtime_checkable
@@ -40,7 +40,7 @@ class RolloutEngine(Protocol):
     """What draws completions for a policy.
 
     Attributes:
-        name: ``hf`` or ``vllm`` (``rollout.engine``).
+        name: ``hf``, ``vllm`` or ``vllm_server`` (``rollout.engine``, :data:`prefzoo.config.ENGINES`).
     """
 
     name: str

@@ -62,7 +62,7 @@ def _quiet_chat_template_warmup() -> None:
     if not any(isinstance(f, _DropChatTemplateWarmup) for f in renderer_log.filters):
         renderer_log.addFilter(_DropChatTemplateWarmup())
 
-__all__ = ["VLLMEngine", "lora_rank_for_vllm"]
+__all__ = ["VLLMEngine", "completion_batch", "lora_rank_for_vllm", "prompt_id_lists", "request_seeds"]
 
 #: LoRA ranks vLLM accepts for ``max_lora_rank``
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -97,6 +97,59 @@ def _environment(values: dict[str, str]):
 def trainable_stamp(model: nn.Module) -> tuple:
     """What changes when any trainable tensor of ``model`` is written in place (optimizer step, checkpoint load)."""
     return tuple((id(p), p._version) for p in model.parameters() if p.requires_grad)
+
+
+def request_seeds(prompts: PromptBatch, generator: torch.Generator | None) -> list[int]:
+    """One seed per prompt for an engine's requests: the prompt's :data:`~prefzoo.types.ROLLOUT_SEED_COLUMN` seed, or
+    drawn from ``generator`` when the batch carries none."""
+    seeds = prompts.columns.get(ROLLOUT_SEED_COLUMN)
+    if seeds is None:
+        seeds = torch.randint(0, 2 ** 31 - 1, (prompts.prompt_ids.shape[0],), generator=generator,
+                              device=generator.device if generator is not None else "cpu").tolist()
+    return [int(s) for s in seeds]
+
+
+def prompt_id_lists(prompts: PromptBatch) -> list[list[int]]:
+    """Each prompt's token ids without its left padding (what an engine is sent: token in, token out)."""
+    ids, mask = prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu()
+    return [ids[i][mask[i]].tolist() for i in range(ids.shape[0])]
+
+
+def completion_batch(prompts: PromptBatch, num_samples: int, completions: list[list[int]], logps: list[list[float]],
+                     eos_token_ids: list[int], pad_id: int) -> SequenceBatch:
+    """An engine's completions as a :class:`~prefzoo.types.SequenceBatch` in the hf engine's layout.
+
+    Args:
+        prompts: the B prompts asked for (left-padded ids, as the trainer made them).
+        completions: B * G lists of sampled token ids, prompt i's G samples at rows [i*G, (i+1)*G); a completion that
+            ended holds its EOS id last (it counts).
+        logps: the engine's log-prob of each sampled token, one list per completion, as long as it.
+    Returns:
+        completions right-padded with ``pad_id``; ``completion_mask`` True on the sampled tokens; ``truncated`` where
+        the last token is not an EOS id; ``sample_logps`` Shape (B * G, T) float32, 0 on padding.
+    """
+    device = prompts.prompt_ids.device
+    n_prompts, rows = prompts.prompt_ids.shape[0], len(completions)
+    if rows != n_prompts * num_samples:
+        raise ModelError(f"the engine returned {rows} completions for {n_prompts} prompts x {num_samples} samples.")
+    width = max((len(t) for t in completions), default=0)
+    tokens = torch.full((rows, width), pad_id, dtype=torch.long)
+    token_logps = torch.zeros((rows, width), dtype=torch.float32)
+    lengths = torch.zeros(rows, dtype=torch.long)
+    for r, (t, lp) in enumerate(zip(completions, logps)):
+        tokens[r, :len(t)] = torch.tensor(t, dtype=torch.long)
+        token_logps[r, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        lengths[r] = len(t)
+    finished = [bool(t) and t[-1] in eos_token_ids for t in completions]
+    completion_mask = torch.arange(width)[None, :] < lengths[:, None]
+    return SequenceBatch(
+        prompt_ids=prompts.prompt_ids.repeat_interleave(num_samples, dim=0),
+        prompt_mask=prompts.prompt_mask.repeat_interleave(num_samples, dim=0),
+        completion_ids=tokens.to(device), completion_mask=completion_mask.to(device),
+        prompt_index=torch.arange(n_prompts, device=device).repeat_interleave(num_samples),
+        truncated=~torch.tensor(finished, dtype=torch.bool, device=device),
+        sample_logps=token_logps.masked_fill(~completion_mask, 0.0).to(device),
+    )
 
 
 class VLLMEngine:
@@ -215,48 +268,23 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         self.sync(model)
-        device = prompts.prompt_ids.device
-        n_prompts = prompts.prompt_ids.shape[0]
-        seeds = prompts.columns.get(ROLLOUT_SEED_COLUMN)
-        if seeds is None:
-            seeds = torch.randint(0, 2 ** 31 - 1, (n_prompts,), generator=generator,
-                                  device=generator.device if generator is not None else "cpu").tolist()
-        ids, mask = prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu()
-        requests = [TokensPrompt(prompt_token_ids=ids[i][mask[i]].tolist()) for i in range(n_prompts)]
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_id_lists(prompts)]
         self._wake()
         try:
-            outputs = self.llm.generate(requests, self._request_params(params, num_samples, list(seeds), eos_token_ids),
+            outputs = self.llm.generate(requests, self._request_params(params, num_samples,
+                                                                       request_seeds(prompts, generator), eos_token_ids),
                                         use_tqdm=False, lora_request=self._lora)
         finally:
             self._go_to_sleep()
-        rows = n_prompts * num_samples
-        completions, logps, finished = [], [], []
+        completions, logps = [], []
         for out in outputs:
             if len(out.outputs) != num_samples:
                 raise ModelError(f"vLLM returned {len(out.outputs)} completions for a prompt; asked for {num_samples}.")
             for c in out.outputs:
-                tokens = list(c.token_ids)
-                completions.append(tokens)
+                completions.append(list(c.token_ids))
                 logps.append([next(iter(lp.values())).logprob if lp else 0.0 for lp in (c.logprobs or [])]
-                             if c.logprobs is not None else [0.0] * len(tokens))
-                finished.append(bool(tokens) and tokens[-1] in eos_token_ids)
-        width = max((len(t) for t in completions), default=0)
-        tokens = torch.full((rows, width), pad_id, dtype=torch.long)
-        token_logps = torch.zeros((rows, width), dtype=torch.float32)
-        lengths = torch.zeros(rows, dtype=torch.long)
-        for r, (t, lp) in enumerate(zip(completions, logps)):
-            tokens[r, :len(t)] = torch.tensor(t, dtype=torch.long)
-            token_logps[r, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
-            lengths[r] = len(t)
-        completion_mask = torch.arange(width)[None, :] < lengths[:, None]
-        return SequenceBatch(
-            prompt_ids=prompts.prompt_ids.repeat_interleave(num_samples, dim=0),
-            prompt_mask=prompts.prompt_mask.repeat_interleave(num_samples, dim=0),
-            completion_ids=tokens.to(device), completion_mask=completion_mask.to(device),
-            prompt_index=torch.arange(n_prompts, device=device).repeat_interleave(num_samples),
-            truncated=~torch.tensor(finished, dtype=torch.bool, device=device),
-            sample_logps=token_logps.masked_fill(~completion_mask, 0.0).to(device),
-        )
+                             if c.logprobs is not None else [0.0] * len(c.token_ids))
+        return completion_batch(prompts, num_samples, completions, logps, eos_token_ids, pad_id)
 
     # ------------------------------------------------------------ GPU memory
     def _go_to_sleep(self) -> None:

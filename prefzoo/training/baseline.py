@@ -54,7 +54,7 @@ VERSION = 1
 #: the evaluations that ship with prefzoo, one file per key (see the module docstring)
 SHIPPED = Path(__file__).resolve().parents[1] / "evaluation" / "shipped"
 #: ``eval.*`` keys that say when to evaluate, not what an evaluation measures
-_WHEN = ("before", "after", "every", "reuse_before")
+_WHEN = ("before", "after", "every", "steps", "reuse_before")
 
 
 def not_reusable(cfg) -> str | None:
@@ -124,14 +124,20 @@ SHAPING_KEYS = ("aggregation", "overlong_buffer", "overlong_penalty")
 
 #: rollout settings of the training rollouts' worker (rollout.asynchronous): the evaluation never uses it
 ASYNC_KEYS = ("asynchronous", "max_staleness", "async_timeout", "async_threads")
+#: rollout.vllm settings of the server engine's transport (rollout.engine=vllm_server): where adapters go, how long a
+#: request may take; the servers' addresses (rollout.servers) likewise stay out of the key
+SERVER_KEYS = ("adapter_dir", "request_timeout")
 
 
 def _rollout_part(rollout: dict) -> dict:
     """The rollout settings that shape the starting policy's evaluation, in the layout the keys had before
     ``rollout.correction``, ``rollout.top_k``, ``rollout.dtype`` and the asynchronous settings existed (so earlier keys,
-    the shipped one included, still match): the correction and the rollout worker only change training; top_k and dtype
+    the shipped one included, still match): the correction and the rollout worker only change training, the servers'
+    addresses and transport settings no sample; top_k and dtype
     (the sampler's copy, which the evaluation samples too) enter when set."""
-    part = {k: v for k, v in rollout.items() if k not in ("correction", "top_k", "dtype", *ASYNC_KEYS)}
+    part = {k: v for k, v in rollout.items() if k not in ("correction", "top_k", "dtype", "servers", *ASYNC_KEYS)}
+    if isinstance(part.get("vllm"), dict):  # the servers' adapter folder and time-out change no sample
+        part["vllm"] = {k: v for k, v in part["vllm"].items() if k not in SERVER_KEYS}
     part["is_correction_cap"] = None  # (the key of the correction's earlier setting, never set for an evaluation)
     for key in ("top_k", "dtype"):
         if rollout.get(key):

@@ -112,6 +112,10 @@ def check_fsdp(cfg) -> None:
         raise ConfigError(f"{where} shards the parameters, and 4-bit (bitsandbytes) weights are not sharded by "
                           "fully_shard here: set model.quantization=none, or train QLoRA under DDP "
                           "(accelerate/ddp.yaml, which replicates the quantised model).")
+    if r.engine == "vllm_server":
+        raise ConfigError(f"rollout.engine=vllm_server with {where}: the adapter the servers load is saved from a whole "
+                          "model, not yet from FSDP's shards; train LoRA under DDP (accelerate/ddp.yaml: the adapter is "
+                          "small and replicated), or use rollout.engine=hf.")
     refused = [("rollout.engine=vllm", r.engine == "vllm"),
                ("rollout.asynchronous=true", r.asynchronous),
                (f"rollout.dtype={r.dtype}", r.dtype is not None),

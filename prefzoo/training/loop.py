@@ -551,13 +551,14 @@ class Trainer:
         return stop, kl
 
     def evaluation_due(self) -> bool:
-        """Whether this step ends with a held-out evaluation (early stopping's, or ``eval.every``'s except at the
-        last step, which the evaluation after training covers)."""
+        """Whether this step ends with a held-out evaluation (early stopping's, or ``eval.every``'s and ``eval.steps``'
+        except at the last step, which the evaluation after training covers)."""
         t, every = self.cfg.trainer, self.cfg.eval.every
         if self.early_stopping is not None and self.step % t.early_stopping.every == 0:
             return True
         last_step = self.step == self.max_steps and self.cfg.eval.after
-        return bool(every) and self.step % every == 0 and not last_step
+        listed = self.step in self.cfg.eval.steps or (bool(every) and self.step % every == 0)
+        return listed and not last_step
 
     def check_kl_budget(self) -> None:
         """``objective.kl_budget`` needs a KL measurement: the online algorithms measure KL(pi || pi_ref) on every
@@ -573,7 +574,7 @@ class Trainer:
         if self.policy.reference is None:
             raise ConfigError(f"objective.kl_budget is set, but this run has no reference to measure KL against "
                               f"(algo={self.cfg.algo.name} without LoRA loads none); use LoRA or drop the budget.")
-        periodic = self.cfg.eval.every or self.cfg.trainer.early_stopping.metric
+        periodic = self.cfg.eval.every or self.cfg.eval.steps or self.cfg.trainer.early_stopping.metric
         if not self.declaration.online and not periodic:
             raise ConfigError(f"objective.kl_budget: algo={self.cfg.algo.name} measures no KL while it trains (it "
                               "samples nothing); set eval.every=N to measure KL(pi || pi_ref) on held-out samples every "

@@ -19,7 +19,7 @@ import torch
 from prefzoo.algos.base import Declaration
 from prefzoo.config import Config
 from prefzoo.data.files import split_held_out
-from prefzoo.data.pairs import build_or_load_pairs, unpaired_path
+from prefzoo.data.pairs import build_or_load_pairs, pairs_seed, unpaired_path
 from prefzoo.data.preference import PreferenceData, load_table, tokenize_preferences
 from prefzoo.data.unpaired import UnpairedData, class_counts, is_unpaired, pairs_of, split_pairs, tokenize_unpaired
 from prefzoo.data.prompts import PromptSet, tokenize_prompts
@@ -105,7 +105,7 @@ def builtin_pairs(cfg: Config, tokenizer, reward_fn, train_prompts, eval_prompts
     d = cfg.data
 
     def reference_policy():
-        gen = torch.Generator(device=device).manual_seed(d.seed)
+        gen = torch.Generator(device=device).manual_seed(pairs_seed(cfg))  # (data.pairs.seed, else data.seed)
         model = build_base_model(cfg, tokenizer, device)
         return CausalLMPolicy(model.eval(), tokenizer, generator=gen)
 
@@ -217,7 +217,8 @@ def build_policy(cfg: Config, declaration: Declaration, tokenizer, device: torch
     check_weight_dtype(m.dtype, m.lora.enabled, declaration.trains)
     warn_if_emulated({"model.dtype": m.dtype, "model.compute_dtype": m.compute_dtype}, device)
     model = build_base_model(cfg, tokenizer, device)
-    engine = build_engine(cfg, model, tokenizer) if cfg.rollout.engine == "vllm" else hf_engine(cfg)  # (the base)
+    engine = {"vllm": lambda: build_engine(cfg, model, tokenizer),  # (the base, before LoRA wraps it)
+              "vllm_server": lambda: build_server_engine(cfg)}.get(cfg.rollout.engine, lambda: hf_engine(cfg))()
     model = wrap_trainable(model, m.lora, quantized=m.quantization == "4bit", adapter_path=m.adapter_path,
                            gradient_checkpointing=m.gradient_checkpointing)
     if m.quantization != "4bit":  # (4-bit: peft's prepare_model_for_kbit_training has cast the rest to float32)
@@ -343,6 +344,19 @@ def build_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):
                         cpu_kv_cache_gib=v.cpu_kv_cache_gib, cpu_threads=v.cpu_threads or cfg.trainer.num_threads,
                         seed=cfg.trainer.seed if v.seed is None else v.seed, work_dir=work_dir)
     log.info("rollout engine: vLLM on %s (started in %.0f s)", model_dir, engine.start_seconds)
+    return engine
+
+
+def build_server_engine(cfg: Config):
+    """The vLLM server engine (``rollout.engine=vllm_server``, :mod:`prefzoo.rollout.vllm_server`) on
+    ``rollout.servers``, which :func:`prefzoo.validation.check_rollout_servers` checked before any model loaded."""
+    from prefzoo.rollout.vllm_server import VLLMServerEngine, served_model_name
+
+    m, v = cfg.model, cfg.rollout.vllm
+    name = served_model_name(m.name, tiny_hidden_size=m.tiny_hidden_size, tiny_layers=m.tiny_layers, seed=cfg.trainer.seed)
+    engine = VLLMServerEngine(list(cfg.rollout.servers), model_name=name, adapter_dir=v.adapter_dir,
+                              timeout=v.request_timeout)
+    log.info("rollout engine: %d vLLM server(s) (%s)", len(engine.servers), ", ".join(engine.servers))
     return engine
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from prefzoo.data.pairs import PAIR_FILES, SHIPPED, build_or_load_pairs, pairs_folder
 from tests.test_config import typed
@@ -85,3 +86,39 @@ def test_sampling_the_defaults_again_gives_the_shipped_pairs_byte_for_byte(tmp_p
     shipped = SHIPPED / built.name
     for name in ("train.jsonl", "eval.jsonl", "train_unpaired.jsonl"):
         assert (built / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+def test_the_pairs_own_seed_keys_a_set_of_its_own_and_seeds_the_sampling(tmp_path, monkeypatch):
+    """data.pairs.seed=null keeps the key every cache had (the shipped set's, above); a number names another folder.
+    Sampled on the tiny model (4 prompts x 3 samples of 5 tokens, temperature 1): the same seed gives the same samples
+    byte for byte, another seed other samples of the same prompts (the first version seeded only the labels: its
+    samples were those of data.seed whatever the pairs' seed, which this catches), and data.pairs.seed=null samples as
+    data.seed does."""
+    from prefzoo.models.loading import load_tokenizer
+    from prefzoo.rewards import make_reward
+    from prefzoo.training.setup import builtin_pairs, task_prompts
+
+    default = pairs_folder(typed(), tmp_path)
+    assert pairs_folder(typed("data.pairs.seed=null"), tmp_path) == default
+    assert pairs_folder(typed("data.pairs.seed=7"), tmp_path) != default
+    assert pairs_folder(typed("data.pairs.seed=7"), tmp_path) != pairs_folder(typed("data.pairs.seed=8"), tmp_path)
+    small = ["model=tiny", "data.num_train=8", "data.num_eval=4", "data.pairs.num_prompts=4", "data.pairs.eval_prompts=2",
+             "data.pairs.num_samples=3", "data.pairs.max_new_tokens=5", "data.pairs.temperature=1.0",
+             "trainer.progress=false"]
+    tokenizer = load_tokenizer("tiny")
+
+    def samples(seed: str, cache: str) -> list[tuple[str, str]]:
+        import prefzoo.training.setup as setup
+
+        cfg = typed(*small, f"data.pairs.seed={seed}")
+        train, held_out = task_prompts(cfg, tokenizer)
+        monkeypatch.setattr(setup, "cache_dir", lambda: tmp_path / cache)
+        train_path, _, _ = builtin_pairs(cfg, tokenizer, make_reward(["correctness"]), train, held_out,
+                                         torch.device("cpu"), unpaired=True, shipped=False)
+        rows = [json.loads(line) for line in (train_path.parent / "train_unpaired.jsonl").read_text().splitlines()]
+        return [(str(r["prompt"]), str(r["completion"])) for r in rows[:12]]  # (then the known answers' rows)
+
+    seven, again, eight = samples("7", "a"), samples("7", "b"), samples("8", "c")
+    assert len(seven) == 12 and seven == again
+    assert [p for p, _ in seven] == [p for p, _ in eight] and [c for _, c in seven] != [c for _, c in eight]
+    assert samples("null", "d") == samples(str(typed().data.seed), "e")

@@ -41,7 +41,16 @@ def test_vllm_engine_without_vllm_fails_before_any_model_loads_with_the_install_
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["rollout.engine=sglang"], "rollout.engine='sglang' is not valid; choose one of: hf, vllm"),
+    (["rollout.engine=sglang"], "rollout.engine='sglang' is not valid; choose one of: hf, vllm, vllm_server"),
+    (["rollout.engine=vllm_server"], "rollout.engine=vllm_server needs rollout.servers=[http://host:port, ...]"),
+    (["rollout.engine=vllm_server", "rollout.servers=[localhost:8000]"],
+     "rollout.servers[0]='localhost:8000' is not a server address; give http://host:port"),
+    (["rollout.servers=[http://127.0.0.1:8000]"], "rollout.servers is set but rollout.engine=hf samples without them"),
+    (["rollout.engine=vllm_server", "rollout.servers=[http://127.0.0.1:9]", "model.lora.enabled=false"],
+     "rollout.engine=vllm_server sends the trained weights to the engine as a LoRA adapter"),
+    # a closed port (9, discard, nothing listens): one line before any model loads, with or without vLLM here
+    (["rollout.engine=vllm_server", "rollout.servers=[http://127.0.0.1:9]"],
+     "rollout.servers[0]=http://127.0.0.1:9: no vLLM server answers there (ConnectError"),
     (["rollout.correction.mode=token_truncate"], "rollout.engine=hf samples with the trainer's own model"),
     (["rollout.correction.bypass=true"], "rollout.engine=hf samples with the trainer's own model"),
     (["rollout.engine=vllm", "rollout.correction.clip_max=0"], "rollout.correction.clip_max=0.0 is invalid"),

@@ -38,7 +38,9 @@ CHANGES = [["model.lora.r=8"], ["model.dtype=bfloat16"], ["model.fast.fused_logp
            ["rollout.kv_cache=dynamic"], ["rollout.dtype=bfloat16"], ["trainer.seed=1"], ["algo=simpo"]]
 #: settings that do not: how the policy trains, when it is evaluated, the pairs it trains on
 KEEPS = [["trainer.lr=1e-4"], ["objective.beta=0.3"], ["trainer.max_steps=80"], ["eval.after=false"],
-         ["eval.every=10"], ["data.pairs.num_prompts=640"], ["algo.loss_type=ipo"], ["trainer.batch_size=8"],
+         ["eval.every=10"], ["eval.steps=[1,2]"], ["data.pairs.num_prompts=640"], ["data.pairs.seed=3"],
+         ["rollout.vllm.request_timeout=30"], ["rollout.vllm.adapter_dir=/shared/adapters"], ["algo.loss_type=ipo"],
+         ["trainer.batch_size=8"],
          ["trainer.num_threads=2"], ["trainer.kl_metric_every=0"]]
 
 
@@ -50,6 +52,18 @@ def test_a_setting_that_changes_the_starting_evaluation_changes_the_key(override
 @pytest.mark.parametrize("overrides", KEEPS, ids=lambda o: o[0])
 def test_a_setting_that_cannot_change_it_keeps_the_key(overrides):
     assert key(overrides) == key()
+
+
+def test_the_server_engine_is_in_the_key_but_not_the_servers_addresses(monkeypatch):
+    """rollout.engine=vllm_server samples on other numerics than the hf engine (a key of its own); which servers draw
+    the samples does not change them (the same base and adapter, per-prompt seeds). (No server runs here: the
+    pre-flight's question to the servers is skipped.)"""
+    import prefzoo.rollout.vllm_server as server
+
+    monkeypatch.setattr(server, "check_servers", lambda *args, **kwargs: [])
+    one = key(["rollout.engine=vllm_server", "rollout.servers=[http://127.0.0.1:8000]"])
+    two = key(["rollout.engine=vllm_server", "rollout.servers=[http://10.0.0.1:8000,http://10.0.0.2:8001]"])
+    assert one == two != key()
 
 
 def test_the_reference_pass_k_and_the_environment_are_in_the_key():

@@ -99,3 +99,27 @@ def test_kl_budget_end_to_end_offline_needs_held_out_evaluations(tmp_path):
     assert summary["stop_reason"] == "kl_budget" and summary["steps"] < 12
     during = [h for h in summary["eval_history"] if h["tag"].startswith("step")]
     assert during[-1]["kl_k1"] == summary["kl_spent"] >= 0.001
+
+
+def test_evaluations_at_listed_steps(tmp_path):
+    """eval.steps=[1, 3] with eval.every=0 on a 4-step GRPO run: evaluations before training (step 0), after steps 1
+    and 3, and after training (step 4); none at step 2. eval.steps=[2] with eval.every=3 on 6 steps: the union, 2
+    and 3 (6 is the evaluation after training, not repeated)."""
+    with one_thread():
+        summary = _tiny(["algo=grpo", "trainer.max_steps=4", "eval.steps=[1,3]"], tmp_path / "a").run()
+        assert [h["step"] for h in summary["eval_history"]] == [0, 1, 3, 4]
+        assert (tmp_path / "a" / "eval_step000001.json").is_file()
+        assert not (tmp_path / "a" / "eval_step000002.json").exists()
+        summary = _tiny(["algo=grpo", "trainer.max_steps=6", "eval.steps=[2]", "eval.every=3"], tmp_path / "b").run()
+        assert [h["step"] for h in summary["eval_history"]] == [0, 2, 3, 6]
+
+
+@pytest.mark.parametrize("value", ["[0]", "[-1]", "[2,2]", "[3,1]"])
+def test_bad_eval_steps_are_one_line(value):
+    """Steps are training steps, 1 and up, each once, in increasing order: anything else is a ConfigError naming
+    the key and the value."""
+    from prefzoo.config import validate
+    from tests.algos.hydra_runs import compose
+
+    with pytest.raises(ConfigError, match=r"eval\.steps="):
+        validate(compose(["algo=grpo", "model=tiny", f"eval.steps={value}"]))

@@ -1,0 +1,144 @@
+"""``prefzoo serve``: a vLLM server the trainer can drive (``rollout.engine=vllm_server``, docs/scaling-out.md).
+
+    prefzoo serve --model smollm2 --port 8000
+    prefzoo serve --model tiny --tiny-hidden-size 128 --seed 0 --port 8001
+    prefzoo serve --model /models/my-8b --port 8000 --dtype bfloat16 -- --tensor-parallel-size 2
+
+A thin wrapper over vLLM's OpenAI-compatible server. It resolves ``--model`` as a run resolves ``model.name``
+(``smollm2``: the converted safetensors in prefzoo's cache, converted once; ``tiny``: the random tiny model of that
+size and seed, saved once to the cache; a folder or a hub id as given), then REPLACES itself with vLLM's server on that
+folder (the same process: stopping it stops the server), started with what the trainer relies on:
+
+* ``--served-model-name`` :func:`prefzoo.rollout.vllm_server.served_model_name`: the name the run checks for, so a
+  server on another base model (or another tiny model) is refused before training;
+* ``--enable-lora --max-lora-rank R --max-loras 2`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the trainer
+  loads each new adapter (``/v1/load_lora_adapter``) before it unloads the previous one, so two are held for a moment;
+* ``--logprobs-mode processed_logprobs``: the log-probs of the sampled tokens after the temperature (and top-k /
+  top-p), as the trainer recomputes them;
+* ``--dtype``, ``--max-model-len``, ``--seed``, ``--host``, ``--port``; on a machine without CUDA (vLLM's CPU build)
+  the KV cache size (``VLLM_CPU_KVCACHE_SPACE``) and, with ``--threads``, that many OpenMP threads unbound to cores.
+
+Anything after ``--`` goes to vLLM unchanged. ``--print-command`` prints the command and the environment it would run,
+and starts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shlex
+import sys
+
+from prefzoo.errors import PrefzooError
+
+__all__ = ["main", "server_command"]
+
+#: vLLM's OpenAI-compatible server, newest module first (``vllm serve`` itself fails on vLLM's CPU build, whose
+#: distribution is named vllm-cpu: its version lookup of "vllm" raises)
+SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prefzoo serve", description="A vLLM server a prefzoo run samples from "
+                                "(rollout.engine=vllm_server rollout.servers=[http://HOST:PORT]).")
+    p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a model folder | a hub id (as model.name)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--max-lora-rank", type=int, default=16, help="the largest model.lora.r a run may send (vLLM "
+                   "accepts 1, 8, 16, 32, 64, 128, 256, 320, 512; a rank in between is rounded up)")
+    p.add_argument("--max-model-len", type=int, default=2048, help="prompt + completion tokens per request")
+    p.add_argument("--seed", type=int, default=0, help="vLLM's own seed; model tiny: its weights' seed (the run's "
+                   "trainer.seed)")
+    p.add_argument("--tiny-hidden-size", type=int, default=128, help="model tiny: its width (vLLM's CPU attention "
+                   "needs a head size of 32 or more: 128 with 4 heads)")
+    p.add_argument("--tiny-layers", type=int, default=2)
+    p.add_argument("--cpu-kv-cache-gib", type=int, default=1, help="without CUDA: the KV cache's size in GiB")
+    p.add_argument("--threads", type=int, default=0, help="without CUDA: OpenMP threads of the engine, unbound to "
+                   "cores (0: vLLM's default, which binds them)")
+    p.add_argument("--print-command", action="store_true", help="print the command and its environment; start nothing")
+    return p
+
+
+def model_folder(name: str, *, seed: int, tiny_hidden_size: int, tiny_layers: int) -> str:
+    """The folder (or hub id) vLLM loads for ``--model name``: as a run resolves ``model.name``."""
+    from prefzoo.models.loading import cache_dir, load_causal_lm, load_tokenizer, smollm2_local_dir
+
+    if name == "smollm2":
+        return str(smollm2_local_dir())
+    if name == "tiny":
+        folder = cache_dir() / "served" / f"tiny-h{tiny_hidden_size}-l{tiny_layers}-s{seed}"
+        if not (folder / "config.json").is_file():
+            tokenizer = load_tokenizer("tiny")
+            model = load_causal_lm("tiny", seed=seed, tokenizer=tokenizer,
+                                   tiny_kwargs={"hidden_size": tiny_hidden_size, "num_layers": tiny_layers})
+            partial = folder.with_name(folder.name + ".partial")
+            model.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+            partial.replace(folder)
+        return str(folder)
+    return name
+
+
+def server_command(args: argparse.Namespace, extra: list[str], folder: str) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment additions) of vLLM's server for ``args`` on ``folder``."""
+    from prefzoo.rollout.vllm_engine import lora_rank_for_vllm
+    from prefzoo.rollout.vllm_server import served_model_name
+
+    module = next((m for m in SERVER_MODULES if _module_exists(m)), SERVER_MODULES[-1])
+    name = served_model_name(args.model, tiny_hidden_size=args.tiny_hidden_size, tiny_layers=args.tiny_layers,
+                             seed=args.seed)
+    argv = [sys.executable, "-m", module, "--model", folder, "--served-model-name", name,
+            "--enable-lora", "--max-lora-rank", str(lora_rank_for_vllm(args.max_lora_rank)), "--max-loras", "2",
+            "--logprobs-mode", "processed_logprobs", "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
+            "--seed", str(args.seed), "--host", args.host, "--port", str(args.port), *extra]
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    import torch
+
+    if not torch.cuda.is_available():  # vLLM's CPU build
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(args.cpu_kv_cache_gib)
+        if args.threads:
+            env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(args.threads))
+    return argv, env
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def main(argv: list[str]) -> int:
+    """``prefzoo serve [options] [-- vLLM options]``: start the server (this process becomes it), or print it."""
+    argv = list(argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    ours = argv[:argv.index("--")] if "--" in argv else argv
+    args = _parser().parse_args(ours)
+    try:
+        if not args.print_command and importlib.util.find_spec("vllm") is None:
+            from prefzoo.config import VLLM_INSTALL
+
+            raise PrefzooError(f"prefzoo serve runs vLLM's server, and vLLM is not installed in this Python "
+                               f"({sys.executable}): {VLLM_INSTALL}.")
+        folder = model_folder(args.model, seed=args.seed, tiny_hidden_size=args.tiny_hidden_size,
+                              tiny_layers=args.tiny_layers)
+        command, env = server_command(args, extra, folder)
+    except PrefzooError as err:
+        print(f"prefzoo serve: error: {err}", file=sys.stderr)
+        return 2
+    shown = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(command)
+    if args.print_command:
+        print(shown)
+        return 0
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    print(f"prefzoo serve: {command[command.index('--served-model-name') + 1]} from {folder} on "
+          f"http://{host}:{args.port} (train with rollout.engine=vllm_server rollout.servers=[http://{host}:{args.port}])"
+          f"\n  {shown}", flush=True)
+    os.execve(command[0], command, {**os.environ, **env})
+    return 0  # (not reached)
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m prefzoo.serve
+    raise SystemExit(main(sys.argv[1:]))
