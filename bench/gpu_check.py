@@ -1,4 +1,4 @@
-"""CUDA checks and step times on a GPU: 4-bit QLoRA on bitsandbytes' CUDA kernels, bf16 vs fp32, FSDP2.
+"""CUDA checks and step times on a GPU: 4-bit QLoRA on bitsandbytes' CUDA kernels, bf16 vs fp32, FSDP2, vLLM.
 
     python bench/gpu_check.py --model <SmolLM2 directory or HF id> [--steps 5]
     python bench/gpu_check.py --model tiny --cpu --skip-grpo        # a dry run of the script on the CPU
@@ -17,6 +17,13 @@ FSDP2 (with 2 or more GPUs; ``--cpu``: 2 CPU processes): ``train.py algo=dpo`` f
 by at most 1e-3 of the adapter's largest weight (the reductions sum in another order, and Adam's first steps turn
 a rounding gap in a near-zero gradient into up to lr: 1.5e-5 of the scale measured on 2 CPU processes; the exact
 bounds are ``tests/distributed/test_fsdp.py``'s, on CPUs); the wall times of both runs.
+
+vLLM (where vLLM imports in this Python; ``--skip-vllm`` skips it): ``train.py algo=grpo`` for 3 steps with
+``rollout.engine=vllm`` (the in-process engine), then with ``rollout.engine=vllm_server`` on one ``prefzoo serve``
+server started here (a free loopback port); PASS when the run ends and the engine's log-probs match the trainer's
+recomputation (``engine/logp_diff_mean`` below 1e-3 nats per token at every step, float32); the mean step time and
+the worst ``engine/logp_diff_max``. (On the CPU build the tiny model is widened to 128: vLLM's CPU attention needs
+a head size of 32 or more.)
 
 Used where the test machine has no GPU: the numbers printed here are what the README quotes for CUDA.
 """
@@ -192,6 +199,66 @@ def fsdp_row(args) -> dict:
     return out
 
 
+def vllm_row(args, engine: str) -> dict:
+    """``train.py algo=grpo`` 3 steps with ``rollout.engine=engine`` (``vllm``, or ``vllm_server`` on a ``prefzoo serve``
+    started here): whether it ran, the mean step time and the engine/trainer log-prob gaps (module docstring)."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import tempfile
+    import urllib.request
+
+    tiny = ["model.tiny_hidden_size=128"] if args.model == "tiny" else []
+    common_args = ["algo=grpo", f"model={args.model}", "trainer.max_steps=3", "trainer.batch_size=2", "algo.num_samples=4",
+                   "rollout.max_new_tokens=32", "eval.before=false", "eval.after=false", "trainer.save_every=0",
+                   "trainer.progress=false", "trainer.tensorboard=false", f"trainer.device={DEVICE.type}",
+                   "model.lora.r=16", "trainer.num_threads=1" if DEVICE.type == "cpu" else "trainer.num_threads=0",
+                   *tiny, f"rollout.engine={engine}"]
+    server, out = None, {"engine": engine}
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            if engine == "vllm_server":
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", 0))
+                    port = sock.getsockname()[1]
+                serve = [sys.executable, "-m", "prefzoo", "serve", "--model", args.model, "--port", str(port),
+                         "--max-lora-rank", "16"] + (["--tiny-hidden-size", "128", "--threads", "1"] if DEVICE.type == "cpu" else [])
+                server = subprocess.Popen(serve, stdout=open(Path(tmp) / "server.log", "w"), stderr=subprocess.STDOUT,
+                                          start_new_session=True, cwd=ROOT)
+                url, t0 = f"http://127.0.0.1:{port}", time.perf_counter()
+                while True:
+                    try:
+                        urllib.request.urlopen(f"{url}/v1/models", timeout=2)
+                        break
+                    except OSError:
+                        if server.poll() is not None or time.perf_counter() - t0 > 900:
+                            out["error"] = "prefzoo serve did not start: " + (Path(tmp) / "server.log").read_text()[-300:]
+                            return out
+                        time.sleep(2)
+                out["server_start_s"] = time.perf_counter() - t0
+                common_args.append(f"rollout.servers=[{url}]")
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *common_args, f"hydra.run.dir={tmp}/run"],
+                                  env=env, capture_output=True, text=True, cwd=ROOT)
+            out["wall_s"] = time.perf_counter() - t0
+            if proc.returncode:
+                out["error"] = f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+                return out
+            steps = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+            steps = [m for m in steps if "engine/logp_diff_mean" in m]
+        finally:
+            if server is not None and server.poll() is None:
+                os.killpg(server.pid, 15)
+                server.wait(timeout=120)
+    out["step_s"] = statistics.mean(m["time/step"] for m in steps if "time/step" in m) if steps else float("nan")
+    out["diff_mean"] = max((m["engine/logp_diff_mean"] for m in steps), default=float("nan"))
+    out["diff_max"] = max((m["engine/logp_diff_max"] for m in steps), default=float("nan"))
+    out["passed"] = len(steps) == 3 and out["diff_mean"] < 1e-3
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -199,6 +266,8 @@ def main() -> int:
     ap.add_argument("--skip-grpo", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="dry run of this script on the CPU (no 4-bit)")
     ap.add_argument("--skip-fsdp", action="store_true")
+    ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--only-vllm", action="store_true", help="the vLLM lines alone")
     args = ap.parse_args()
     global DEVICE
     if args.cpu:
@@ -208,6 +277,11 @@ def main() -> int:
         print("no CUDA device: nothing to check")
         return 1
     print(f"# {torch.cuda.get_device_name() if DEVICE.type == 'cuda' else 'CPU'}, torch {torch.__version__}, model {args.model}")
+    failed = 0
+    if not args.skip_vllm:
+        failed += vllm_lines(args)
+    if args.only_vllm:
+        return int(failed > 0)
     print("| DPO, 4 pairs x 256 | step (ms) | tokens/s | peak GPU (GB) | Linear4bit layers | first loss |")
     print("|---|---|---|---|---|---|")
     rows = []
@@ -233,10 +307,10 @@ def main() -> int:
                 print(f"| {name} | {beta} | {1000 * r['step_s']:.0f} | {1000 * r['gen_s']:.0f} | {r['peak_gb']:.2f} |",
                       flush=True)
     if args.skip_fsdp:
-        return 0
+        return int(failed > 0)
     if DEVICE.type == "cuda" and torch.cuda.device_count() < 2:
         print("FSDP2: skipped (one GPU: nothing to shard over)")
-        return 0
+        return int(failed > 0)
     r = fsdp_row(args)
     if "error" in r:
         print(f"FSDP2: FAIL ({r['error']})")
@@ -244,7 +318,29 @@ def main() -> int:
     print(f"FSDP2, DPO 3 steps on {r['processes']} processes against 1: {'PASS' if r['passed'] else 'FAIL'} (max "
           f"|adapter diff| {r['max_diff']:.2e} of weights up to {r['scale']:.2e}; wall {r['one_s']:.0f} s for 1 "
           f"process, {r['fsdp_s']:.0f} s sharded)")
-    return 0 if r["passed"] else 1
+    return 0 if r["passed"] and not failed else 1
+
+
+def vllm_lines(args) -> int:
+    """The in-process vLLM engine's line and one vLLM server's; the number that failed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        print("vLLM: skipped (not installed in this Python: pip install vllm, or make setup-vllm on a CPU)")
+        return 0
+    failed = 0
+    for engine in ("vllm", "vllm_server"):
+        r = vllm_row(args, engine)
+        if "error" in r:
+            print(f"{engine}: FAIL ({r['error']})", flush=True)
+            failed += 1
+            continue
+        start = f", server started in {r['server_start_s']:.0f} s" if "server_start_s" in r else ""
+        print(f"{engine}, GRPO 3 steps: {'PASS' if r['passed'] else 'FAIL'} (engine/trainer log-prob gap: mean "
+              f"{r['diff_mean']:.1e}, max {r['diff_max']:.1e} nats/token; {r['step_s']:.2f} s a step; run "
+              f"{r['wall_s']:.0f} s{start})", flush=True)
+        failed += not r["passed"]
+    return failed
 
 
 if __name__ == "__main__":

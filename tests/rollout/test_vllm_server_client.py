@@ -250,3 +250,29 @@ def test_served_names():
     assert served_model_name("tiny", tiny_hidden_size=128, tiny_layers=2, seed=3) == "tiny-h128-l2-s3"
     assert served_model_name("smollm2") == "smollm2"
     assert served_model_name("/models/llama", seed=5) == "/models/llama"
+
+
+def test_another_data_parallel_process_waits_for_the_main_ones_adapter(servers, tmp_path):
+    """Two data-parallel processes on one server (two engines here, the same weights): the other process's rollout
+    starts first and waits until the main process has pushed version 1 (it lists in /v1/models), then samples with it;
+    the server loaded the adapter once, from the main process. A second process that waits past its limit stops with
+    one line."""
+    a = servers()
+    main = VLLMServerEngine([a.url], model_name=BASE, adapter_dir=tmp_path, is_main=True)
+    other = VLLMServerEngine([a.url], model_name=BASE, adapter_dir=tmp_path / "unused", is_main=False)
+    model = peft_model()
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("out", sample(other, model, batch(2, seeds=[1, 2]))))
+    thread.start()
+    thread.join(timeout=1.0)
+    assert thread.is_alive() and a.loads == []  # waiting: nothing pushed yet
+    mine = sample(main, model, batch(2, seeds=[1, 2]))
+    thread.join(timeout=30)
+    assert not thread.is_alive() and a.loads == ["policy-v1"] and other.version == main.version == 1
+    assert torch.equal(result["out"].completion_ids, mine.completion_ids)
+    late = VLLMServerEngine([a.url], model_name=BASE, is_main=False, wait_seconds=0.5)
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "lora_B" in n).add_(0.1)
+    late.version, late._stamp = 1, main._stamp  # it saw version 1; the weights changed, the main process never pushed
+    with pytest.raises(ModelError, match=r"did not get adapter policy-v2 from the main process within 0 s"):
+        sample(late, model, batch(1))
