@@ -43,13 +43,14 @@ from pathlib import Path
 
 from prefzoo.errors import DataError, PrefzooError, RunFolderError
 from prefzoo.report.ood import has_ood, ood_section, plot_ood
-from prefzoo.report.overoptimisation import bon_against_rl, fit_overoptimisation, overoptimisation_points
+from prefzoo.report.overoptimisation import add_pooled, bon_against_rl, fit_overoptimisation, overoptimisation_points
 from prefzoo.report.plots import (caption, plot_accuracy_vs_time, plot_against, plot_bon_vs_rl, plot_diversity,
                                   plot_frontier, plot_overoptimisation, plot_per_run, plot_reward_vs_diversity,
                                   plot_speed_shape, run_labels)
 from prefzoo.report.runs import HEADLINE, is_number, load_runs, swept_keys
 from prefzoo.report.speed_shape import rl_curves, speed_shape_test
-from prefzoo.report.tables import legend, markdown_table, overoptimisation_section, speed_shape_section
+from prefzoo.report.tables import (legend, markdown_table, overoptimisation_section, preregistered_section,
+                                   speed_shape_section)
 
 __all__ = ["write_report", "main", "load_runs", "swept_keys", "markdown_table"]
 
@@ -73,8 +74,11 @@ def _check_writable(out: Path) -> None:
                              "writable folder with --out.") from None
 
 
-def write_report(root: Path, out: Path | None = None) -> dict:
+def write_report(root: Path, out: Path | None = None, peak_d: float | None = None) -> dict:
     """Write ``report.md`` and the plots for the runs under ``root`` into ``out`` (default: ``root``).
+
+    ``peak_d``: a pre-registered d of gold's peak: the over-optimisation section then also gives the inverted-U test
+    at that d on each pooled RL series (:func:`prefzoo.report.overoptimisation.preregistered_verdict`).
 
     Raises:
         DataError: no ``summary.json`` under ``root`` (no finished run).
@@ -118,6 +122,7 @@ def write_report(root: Path, out: Path | None = None) -> dict:
     fits, shape = [], []
     points = overoptimisation_points(runs)
     if points["bon"] or points["rl"]:
+        pooled = add_pooled(points)  # several runs of one design (proxies, seeds): their mean point by point
         fits = fit_overoptimisation(points)
         versus = bon_against_rl(points)
         shape = speed_shape_test(rl_curves(runs))
@@ -126,7 +131,10 @@ def write_report(root: Path, out: Path | None = None) -> dict:
                                plot_speed_shape(shape, out / "speed_shape.png")]):
             if p:
                 plots.insert(i, p)
-        text += overoptimisation_section(points, fits, versus) + "\n" + speed_shape_section(shape)
+        text += overoptimisation_section(points, fits, versus) + "\n"
+        if peak_d is not None:
+            text += preregistered_section({name: points["rl"][name] for name in pooled}, peak_d) + "\n"
+        text += speed_shape_section(shape)
     if plots:  # no heading without a plot under it
         text += "## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n*{caption(p)}*\n\n" for p in plots)
     (out / "report.md").write_text(text)
@@ -138,9 +146,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prefzoo.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, help="a run folder or a multirun folder")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: DIR)")
+    parser.add_argument("--peak-d", type=float, default=None, help="a pre-registered d of the gold peak: the "
+                        "inverted-U test at it on the pooled RL runs (3 s.e.; recipes/overoptimisation_word.yaml)")
     args = parser.parse_args(argv)
     try:
-        result = write_report(args.dir, args.out)
+        result = write_report(args.dir, args.out, peak_d=args.peak_d)
     except PrefzooError as err:
         print(f"prefzoo: error: {err}", file=sys.stderr)
         return 2

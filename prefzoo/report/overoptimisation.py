@@ -34,7 +34,8 @@ import numpy as np
 from prefzoo.report.runs import eval_history, is_best_of_n, is_number
 
 __all__ = ["FORMS", "Fit", "fit", "predict", "observed_peak", "overoptimisation_points", "fit_overoptimisation",
-           "rl_label", "peak_verdict", "gap_at_equal_d", "bon_against_rl"]
+           "rl_label", "peak_verdict", "gap_at_equal_d", "bon_against_rl", "pooled_series", "preregistered_verdict",
+           "PREREGISTERED_Z", "DETECTABLE", "add_pooled"]
 
 #: form name -> the regressor multiplying -b (the one multiplying a is d itself)
 FORMS = {"bon": "d^2", "rl": "d log d"}
@@ -284,3 +285,91 @@ def bon_against_rl(points: dict) -> list[dict]:
         if gold is not None:
             out.append({"series": name, "gold": gold, "proxy": proxy})
     return out
+
+
+# ------------------------------------------------------------------- several runs of one design, pooled
+def pooled_series(series: dict[str, list[tuple]]) -> list[tuple] | None:
+    """The RL runs of one design pooled point by point: at each evaluation step that EVERY run has, the mean over the
+    k runs of d, gold and proxy, and the gold standard error of that mean, sqrt(sum of the runs' se^2) / k (the runs'
+    evaluations are independent samples). Points as :func:`overoptimisation_points` makes them,
+    ``(d, gold, proxy, step, None, gold_se, None)``; None with fewer than 2 runs.
+
+    Pooling several runs (proxies and policy seeds) is what gives the test its power: on a verifier accuracy of a few
+    percent one run's evaluation of 384 samples has an s.e. near 0.006, four runs' mean half that."""
+    runs = [pts for pts in series.values() if pts]
+    if len(runs) < 2:
+        return None
+    steps = sorted(set.intersection(*[{p[3] for p in pts} for pts in runs]), key=lambda s: s or 0)
+    k = len(runs)
+    out = []
+    for step in steps:
+        at = [next(p for p in pts if p[3] == step) for pts in runs]
+        proxies = [p[2] for p in at]
+        ses = [p[5] for p in at]
+        out.append((sum(p[0] for p in at) / k, sum(p[1] for p in at) / k,
+                    sum(proxies) / k if all(x is not None for x in proxies) else None, step, None,
+                    math.sqrt(sum(s ** 2 for s in ses)) / k if all(s is not None for s in ses) else None, None))
+    return out
+
+
+#: the pre-registered test's threshold: a rise and a fall each beyond this many combined standard errors
+PREREGISTERED_Z = 3.0
+#: "refuted with the power to say so": no rise or fall beyond PREREGISTERED_Z s.e., with that bound at most this
+#: much gold (a U this high would have shown)
+DETECTABLE = 0.02
+
+
+def preregistered_verdict(points: list[tuple], peak_d: float, z: float = PREREGISTERED_Z,
+                          detectable: float = DETECTABLE) -> dict | None:
+    """The inverted-U test fixed before the data (recipes/overoptimisation_word.yaml): the PEAK is the point whose d
+    is closest to ``peak_d`` (a d* from earlier data), not the point of highest gold, so the rise is not inflated by
+    picking the largest of noisy values. start = the point of smallest d, end = the point of largest d;
+    rise = gold(peak) - gold(start), fall = gold(peak) - gold(end), each with s.e. sqrt(se_1^2 + se_2^2).
+
+    ``verdict``: ``established`` when rise > z s.e. and fall > z s.e. and the proxy at the end is above the proxy at
+    the peak; ``refuted`` when neither |rise| nor |fall| exceeds z s.e. and both bounds z s.e. are at most
+    ``detectable`` (``detectable`` in the result is the larger bound); else ``not decided``. None with fewer than 3
+    points or without standard errors."""
+    if len(points) < 3 or any(p[5] is None for p in points):
+        return None
+    start = min(points, key=lambda p: (p[0], p[3] or 0))
+    end = max(points, key=lambda p: (p[0], p[3] or 0))
+    inner = [p for p in points if p is not start and p is not end] or points
+    peak = min(inner, key=lambda p: abs(p[0] - peak_d))
+
+    def change(high, low):
+        delta, se = high[1] - low[1], math.sqrt(high[5] ** 2 + low[5] ** 2)
+        return delta, se, (delta / se if se > 0 else (math.inf if delta > 0 else 0.0))
+
+    rise, rise_se, rise_z = change(peak, start)
+    fall, fall_se, fall_z = change(peak, end)
+    proxy_up = peak[2] is not None and end[2] is not None and end[2] > peak[2]
+    bound = z * max(rise_se, fall_se)
+    if rise_z > z and fall_z > z and proxy_up:
+        verdict = "established"
+    elif abs(rise_z) <= z and abs(fall_z) <= z and bound <= detectable:
+        verdict = "refuted"
+    else:
+        verdict = "not decided"
+    return {"peak_d_registered": peak_d, "d_peak": peak[0], "step_peak": peak[3], "gold_peak": peak[1],
+            "gold_peak_se": peak[5], "gold_start": start[1], "gold_end": end[1], "d_end": end[0], "rise": rise,
+            "rise_se": rise_se, "rise_z": rise_z, "fall": fall, "fall_se": fall_se, "fall_z": fall_z,
+            "proxy_peak": peak[2], "proxy_end": end[2], "detectable": bound, "z": z, "verdict": verdict}
+
+
+def add_pooled(points: dict) -> list[str]:
+    """Add to ``points["rl"]`` one pooled series (:func:`pooled_series`) per group of 2 or more RL runs with the same
+    algorithm and beta (their label without the folder: ``grpo β=0``), named ``<group> pooled over <k> runs``.
+    Returns the names added. (Runs of one group against different proxies pool their proxy values too: read the
+    pooled proxy as the runs' mean, each in its own proxy's units.)"""
+    groups: dict[str, dict[str, list[tuple]]] = {}
+    for name, pts in points["rl"].items():
+        groups.setdefault(name.rsplit(" (", 1)[0], {})[name] = pts
+    added = []
+    for prefix, members in groups.items():
+        pooled = pooled_series(members) if len(members) >= 2 else None
+        if pooled:
+            name = f"{prefix} pooled over {len(members)} runs"
+            points["rl"][name] = pooled
+            added.append(name)
+    return added

@@ -220,3 +220,30 @@ def speed_shape_section(results: list[dict]) -> str:
                      "per training step, sqrt(nats)/step): "
                      + ", ".join(f"{c.label} {r['speeds'][c.label]:.3g}" for c in r["curves"]) + ".\n")
     return "\n".join(lines) + "\n"
+
+
+def preregistered_section(pooled: dict[str, list[tuple]], peak_d: float) -> str:
+    """The pre-registered inverted-U test (:func:`prefzoo.report.overoptimisation.preregistered_verdict`) on each pooled
+    RL series, at the pre-registered peak d."""
+    from prefzoo.report.overoptimisation import DETECTABLE, PREREGISTERED_Z, preregistered_verdict
+
+    lines = ["### The pre-registered test (pooled runs)\n",
+             f"The peak is fixed in advance at the evaluation whose pooled d is closest to d = {peak_d:g} (not the "
+             f"point of highest gold); rise = gold(peak) − gold(start), fall = gold(peak) − gold(end), each ± its "
+             f"combined s.e. Established: both beyond {PREREGISTERED_Z:g} s.e. and the proxy higher at the end than "
+             f"at the peak; refuted: neither beyond {PREREGISTERED_Z:g} s.e. with {PREREGISTERED_Z:g} s.e. at most "
+             f"{DETECTABLE:g} (a U that high would have shown); else not decided.\n",
+             "| series | peak (step, d) | gold start → peak → end | rise (z) | fall (z) | proxy peak → end | "
+             f"{PREREGISTERED_Z:g} s.e. | verdict |", "|" + "---|" * 8]
+    if not pooled:
+        return "\n".join(lines[:2]) + "\nNo pooled series: fewer than 2 RL runs of one algorithm and beta.\n"
+    for name, pts in pooled.items():
+        v = preregistered_verdict(pts, peak_d)
+        if v is None:
+            continue
+        proxy = f"{fmt(v['proxy_peak'])} → {fmt(v['proxy_end'])}" if v["proxy_end"] is not None else "–"
+        lines.append(f"| {name} | step {v['step_peak']}, {v['d_peak']:.3f} | {v['gold_start']:.4f} → "
+                     f"{fmt(v['gold_peak'], v['gold_peak_se'])} → {v['gold_end']:.4f} | {fmt(v['rise'], v['rise_se'])} "
+                     f"({v['rise_z']:.1f}) | {fmt(v['fall'], v['fall_se'])} ({v['fall_z']:.1f}) | {proxy} | "
+                     f"{v['detectable']:.4f} | **{v['verdict']}** |")
+    return "\n".join(lines) + "\n"

@@ -52,16 +52,20 @@ class RewardModelFunction:
         path: the reward model's folder (see :func:`find_reward_model`).
         device: where to run it (default: cuda if available, else cpu).
         batch_size: rows per forward pass.
+        fast: score with the adapter merged and rows packed, prompts shared (:func:`prefzoo.models.value.load_value_model`;
+            2.6x faster on SmolLM2 with 4 samples per prompt, the same rewards to float32 rounding); False: the plain
+            pass of training.
     """
 
     __name__ = "reward_model"
 
-    def __init__(self, path: str | Path, device: str | torch.device | None = None, batch_size: int = 16):
+    def __init__(self, path: str | Path, device: str | torch.device | None = None, batch_size: int = 16,
+                 fast: bool = True):
         from prefzoo.models.value import load_value_model
 
         self.folder = find_reward_model(path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model, self.tokenizer = load_value_model(self.folder, self.device)
+        self.model, self.tokenizer = load_value_model(self.folder, self.device, fast=fast)
         self.batch_size = batch_size
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_id = self.tokenizer.eos_token_id

@@ -101,6 +101,17 @@ def test_rm_then_ppo_with_the_learned_reward(tmp_path):
     completions = [tok.decode(e.chosen_ids, skip_special_tokens=True) for e in ex]
     scores = reward_model_function(str(rm_dir))(prompts, completions)
     torch.testing.assert_close(torch.tensor(scores), expected, atol=1e-4, rtol=1e-4)
+    # the scorer's fast path (adapter merged, rows packed, a prompt shared by 3 rows scored once) against the plain
+    # pass on 9 rows: 3 prompts x 3 completions of different lengths
+    from prefzoo.rewards.model import RewardModelFunction
+
+    rows = [(p, c + " and so on" * k) for p, c in zip(prompts, completions) for k in range(3)]
+    fast = RewardModelFunction(rm_dir, fast=True)
+    assert fast.model.padding_free and not hasattr(fast.model.model, "peft_config")  # packed, merged
+    plain = RewardModelFunction(rm_dir, fast=False)
+    assert not plain.model.padding_free and hasattr(plain.model.model, "peft_config")
+    args = ([p for p, _ in rows], [c for _, c in rows])
+    torch.testing.assert_close(torch.tensor(fast(*args)), torch.tensor(plain(*args)), atol=1e-4, rtol=1e-4)
 
     with pytest.raises(ConfigError, match="reward.path"):
         reward_model_function(None)

@@ -57,3 +57,34 @@ def test_train_first_reuses_a_finished_run_named_by_reuse(tmp_path, monkeypatch,
     first(config("${hydra:sweep.dir}/reward_model"), reuse_key="reward.path")
     first(config(str(done)))
     assert len(ran) == 2 and ran[0][-2] == f"hydra.run.dir={tmp_path / 'new_sweep' / 'reward_model'}"
+
+
+def test_train_first_trains_one_prerequisite_per_swept_value(tmp_path, monkeypatch, capsys):
+    """``per`` (recipes/overoptimisation_word.yaml: two proxies, ``per: data.pairs.seed``): one run per value the sweep
+    gives the key -- from the command line (``data.pairs.seed=3,4``) before the recipe's own ``hydra.sweeper.params``
+    (``0,1``), else the config's one value -- in ``<subdir>_<value>``, with ``{value}`` in ``per_overrides`` replaced;
+    a finished ``<subdir>_<value>`` is not trained again."""
+    ran = []
+    monkeypatch.setattr(callbacks.subprocess, "run", lambda cmd, env: ran.append(cmd) or
+                        type("Done", (), {"returncode": 0})())
+    sweep = tmp_path / "sweep"
+
+    def config(task, params):
+        return OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}, "overrides": {"task": task},
+                                           "sweeper": {"params": params}}, "data": {"pairs": {"seed": 9}}})
+
+    first = callbacks.TrainFirst(["algo=rm"], "reward_model", what="proxy", per="data.pairs.seed",
+                                 per_overrides=["data.pairs.seed={value}", "trainer.seed={value}"])
+    first.on_multirun_start(config([], {"data.pairs.seed": "0,1"}))
+    assert [c[-4:] for c in ran] == [["data.pairs.seed=0", "trainer.seed=0", f"hydra.run.dir={sweep / 'reward_model_0'}",
+                                      "hydra.output_subdir=null"],
+                                     ["data.pairs.seed=1", "trainer.seed=1", f"hydra.run.dir={sweep / 'reward_model_1'}",
+                                      "hydra.output_subdir=null"]]
+    ran.clear()
+    (sweep / "reward_model_3").mkdir(parents=True)
+    (sweep / "reward_model_3" / "summary.json").write_text("{}")
+    first.on_multirun_start(config(["algo=grpo", "data.pairs.seed=3,4"], {"data.pairs.seed": "0,1"}))
+    assert len(ran) == 1 and ran[0][-2] == f"hydra.run.dir={sweep / 'reward_model_4'}"
+    assert "found" in capsys.readouterr().out
+    assert callbacks.swept_values(config([], {}), "data.pairs.seed") == ["9"]
+    assert callbacks.swept_values(config(["data.pairs.seed=range(2,5)"], {}), "data.pairs.seed") == ["2", "3", "4"]

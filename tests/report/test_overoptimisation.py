@@ -134,3 +134,48 @@ def test_an_inverted_u_needs_a_real_rise_and_a_real_fall():
     assert v["shape"] == "falls" and v["inverted_u"] is False
     assert verdict((0.30, 0.40, 0.45), (0.01, 0.01, 0.01))["shape"] == "rises"
     assert verdict((0.30, 0.31, 0.30), (0.05, 0.05, 0.05))["shape"] == "flat"
+
+
+def test_pooling_runs_point_by_point_by_hand():
+    """Two runs evaluated at the same steps 0, 1, 2 pool into one series: at each step the mean d, gold and proxy of
+    the runs, and the gold s.e. of a mean of k independent evaluations, sqrt(sum se_i^2) / k.
+    Step 1: d (0.2 + 0.4)/2 = 0.3; gold (0.04 + 0.06)/2 = 0.05; se sqrt(0.01^2 + 0.02^2)/2 = sqrt(5e-4)/2 = 0.011180.
+    A run without step 2 leaves step 2 out (only steps every run has are pooled)."""
+    from prefzoo.report.overoptimisation import pooled_series
+
+    a = [_point(0.0, 0.02, 1.0, 0, 0.01), _point(0.2, 0.04, 2.0, 1, 0.01), _point(0.5, 0.01, 3.0, 2, 0.01)]
+    b = [_point(0.0, 0.00, 1.2, 0, 0.00), _point(0.4, 0.06, 2.2, 1, 0.02)]
+    pooled = pooled_series({"a": a, "b": b})
+    assert [p[3] for p in pooled] == [0, 1]
+    d, gold, proxy, step, n, se, _ = pooled[1]
+    assert (d, gold, proxy, step, n) == (pytest.approx(0.3), pytest.approx(0.05), pytest.approx(2.1), 1, None)
+    assert se == pytest.approx(math.sqrt(0.01 ** 2 + 0.02 ** 2) / 2)
+    assert pooled[0][5] == pytest.approx(0.005)  # sqrt(0.01^2 + 0)/2
+    assert pooled_series({"a": a}) is None  # one run: nothing to pool
+
+
+def test_the_preregistered_test_fixes_the_peak_by_d_not_by_gold():
+    """The peak is the evaluation whose d is closest to the pre-registered d* (here 0.48), whatever its gold. Points
+    (d, gold, se): (0, 0.010, 0.003), (0.30, 0.030, 0.004), (0.50, 0.025, 0.004), (0.90, 0.040, 0.005),
+    (1.3, 0.005, 0.002); proxy rising 1 -> 5.
+    (gold 0.024 at d 0.50.) Peak: d 0.50 (|0.50 - 0.48| = 0.02; the highest gold, 0.040 at d 0.9, is NOT chosen).
+    rise = 0.024 - 0.010 = 0.014, s.e. sqrt(0.004^2 + 0.003^2) = 0.005: 2.8 s.e., not beyond 3; fall = 0.024 - 0.005
+    = 0.019, s.e. sqrt(0.004^2 + 0.002^2) = 0.004472: 4.25 s.e. So: not decided (the fall counts, the rise does not).
+    With gold 0.026 at the peak: rise 0.016 = 3.2 s.e., fall 0.021 = 4.7 s.e., proxy 5 > 3: established.
+    Flat at 0.010 everywhere with s.e. 0.003: |rise| = |fall| = 0 within 3 s.e., and 3 s.e. = 3 sqrt(2) 0.003 =
+    0.0127 <= 0.02: refuted with power. With s.e. 0.006: 3 s.e. = 0.0255 > 0.02: not decided (too little power)."""
+    from prefzoo.report.overoptimisation import preregistered_verdict
+
+    def pts(golds, ses):
+        ds = (0.0, 0.30, 0.50, 0.90, 1.3)
+        return [_point(d, g, 1.0 + i, i, s) for i, (d, g, s) in enumerate(zip(ds, golds, ses))]
+    ses = (0.003, 0.004, 0.004, 0.005, 0.002)
+    v = preregistered_verdict(pts((0.010, 0.030, 0.024, 0.040, 0.005), ses), peak_d=0.48)
+    assert v["step_peak"] == 2 and v["rise"] == pytest.approx(0.014) and v["rise_se"] == pytest.approx(0.005)
+    assert v["rise_z"] == pytest.approx(2.8) and v["fall_z"] == pytest.approx(0.019 / math.sqrt(2e-5))
+    assert v["verdict"] == "not decided"
+    v = preregistered_verdict(pts((0.010, 0.030, 0.026, 0.040, 0.005), ses), peak_d=0.48)
+    assert v["verdict"] == "established" and v["proxy_end"] > v["proxy_peak"]
+    flat = preregistered_verdict(pts((0.010,) * 5, (0.003,) * 5), peak_d=0.48)
+    assert flat["verdict"] == "refuted" and flat["detectable"] == pytest.approx(3 * math.sqrt(2) * 0.003)
+    assert preregistered_verdict(pts((0.010,) * 5, (0.006,) * 5), peak_d=0.48)["verdict"] == "not decided"
