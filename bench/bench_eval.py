@@ -9,8 +9,10 @@ times at temperature 1 (the recipe: 96 and 96 x 4 = 384); the proxy is a reward 
 every answer, the gold is the verifier. One thread (``--threads``). Timed: the greedy part
 (:meth:`~prefzoo.evaluation.evaluate.Evaluator.task_metrics`), the sampled part (``sampled_metrics``) split into
 sampling, scoring (proxy + gold), the policy's log-prob/entropy pass and the reference pass, and pass@4.
-``--plain`` scores with the reward model's plain pass (adapter unmerged, rows padded) instead of
-:class:`~prefzoo.rewards.model.RewardModelFunction`'s fast one (adapter merged, rows packed, prompts shared).
+``--plain`` measures the evaluation as it was before issue 32: the reward model's plain pass (adapter unmerged, rows
+padded) instead of :class:`~prefzoo.rewards.model.RewardModelFunction`'s fast one (adapter merged, rows packed,
+prompts shared), and the policy's log-prob/entropy pass over the samples instead of the sampler's own values
+(``SamplingParams.report_entropy``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--plain", action="store_true", help="the reward model's plain pass")
+    ap.add_argument("--plain", action="store_true", help="the evaluation before issue 32: the reward model's plain "
+                    "pass, the policy's log-prob pass")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -53,6 +56,8 @@ def main() -> int:
                    f"eval.batch_size={args.batch_size}"])
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="bench-eval-")))
     ev = trainer.evaluator
+    if args.plain:
+        ev.policy.engine.exact = False  # the sampler reports no log-probs / entropies: the policy's pass runs
     parts: dict[str, float] = {}
 
     def timed(obj, name: str, label: str) -> None:
@@ -82,7 +87,7 @@ def main() -> int:
                       if name == "sampled_metrics" else None}
     total = sum(r["seconds"] for r in rows.values())
     print(f"# one evaluation point: {args.prompts} greedy answers, {args.prompts} x {cfg.eval.diversity_samples} "
-          f"samples, pass@4 on {cfg.eval.pass_k_problems}; reward model {'plain' if args.plain else 'fast'} pass; "
+          f"samples, pass@4 on {cfg.eval.pass_k_problems}; {'before (plain passes)' if args.plain else 'after'}; "
           f"{args.threads} thread(s)")
     for name, r in rows.items():
         detail = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if k not in ("seconds", "tokens"))

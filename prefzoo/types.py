@@ -119,6 +119,9 @@ class SequenceBatch(Batch):
             (:attr:`completion_tokens`).
         episodes: per row, what a multi-turn rollout recorded besides the ids (:class:`EpisodeLog`: the conversation,
             the environment's reward, turn and tool-call counts), or None for single-turn rows.
+        sample_entropy: Shape (B, T) float32, the entropy (nats) of the distribution each completion token was drawn
+            from (after the temperature and the top-k / top-p support; 0 on padding), when the sampling asked for it
+            (``SamplingParams.report_entropy``) and the engine's sampler is the policy; else None.
     """
 
     prompt_ids: Tensor
@@ -130,6 +133,7 @@ class SequenceBatch(Batch):
     sample_logps: Tensor | None = None
     token_mask: Tensor | None = None
     episodes: list | None = None
+    sample_entropy: Tensor | None = None
 
     @property
     def completion_tokens(self) -> Tensor:
@@ -341,6 +345,10 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k
     max_new_tokens: int = 64
     greedy: bool = False
+    #: also return, per sampled token, the log-prob and the entropy (nats) of the distribution it was drawn from
+    #: (``SequenceBatch.sample_logps`` / ``sample_entropy``) where the engine's sampler is the policy up to float32
+    #: rounding (the hf engine; the held-out evaluation asks, to skip a pass of the policy)
+    report_entropy: bool = False
     #: how a rollout whose sampler is not the trainer is corrected (``rollout.correction.*``)
     correction: "CorrectionSettings" = field(default_factory=lambda: CorrectionSettings())
 

@@ -17,6 +17,11 @@ Metrics (keys of the returned dict):
 * ``preference_accuracy`` (+ ``_se``): held-out pairs whose implicit reward ranks chosen above rejected
   (a tie counts one half: before DPO training every pair ties, which is chance, 0.5).
 
+The policy's log-probs and entropies of the samples come from the sampler itself when it is the policy up to float32
+rounding (the hf engine on the model or its merged copy in the model's dtype: ``SamplingParams.report_entropy``),
+which saves a pass of the policy over every sample; otherwise (vLLM, a sampler in another dtype, multi-turn episodes)
+from a pass of the policy over the samples.
+
 Policies without per-token log-probs. A policy sets ``tractable_logps`` (part of the policy interface:
 True for :class:`~prefzoo.models.policy.CausalLMPolicy`; False for best-of-n (best-of-n:
 whose sequence distribution has no token-level factorisation to evaluate): ``entropy`` is then left out, and
@@ -153,7 +158,7 @@ class Evaluator:
     @torch.no_grad()
     def sampled_metrics(self) -> dict:
         k, n = self.cfg.diversity_samples, min(self.cfg.diversity_prompts, len(self.prompts))
-        params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens)
+        params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens, report_entropy=True)
         texts_all, rewards, gold, kl1, kl3, ent, lengths = [], [], [], [], [], [], []
         tractable = self.policy.tractable_logps
         has_ref = tractable and self.policy.reference is not None
@@ -165,7 +170,10 @@ class Evaluator:
             lengths += mask.sum(-1).tolist()
             if not tractable:
                 continue
-            logps, entropy = self.policy.logps(samples, with_entropy=True)
+            if samples.sample_entropy is not None and samples.sample_logps is not None:  # the sampler is the policy
+                logps, entropy = samples.sample_logps, samples.sample_entropy
+            else:
+                logps, entropy = self.policy.logps(samples, with_entropy=True)
             ent += masked_mean(entropy, mask, dim=-1).tolist()
             if has_ref:
                 ref_logps = self.policy.ref_logps(samples)

@@ -72,13 +72,18 @@ class HFEngine:
         compile_decode: the decode step through ``torch.compile`` (static cache only).
         report_logps: when sampling from the merged copy, return the log-probs the tokens were sampled with (after
             the temperature, renormalised over the top-k / top-p support) as ``sample_logps`` (the rollout/trainer mismatch is then logged, ``engine/logp_diff_*``).
+        exact: the sampler is the policy up to float32 rounding (the model itself, or its merged copy in the model's
+            dtype; False for a copy in another dtype, ``rollout.dtype``). Then a call with
+            ``params.report_entropy`` returns the sampler's log-probs and entropies (``sample_logps``,
+            ``sample_entropy``), which the evaluation uses in place of a pass of the policy.
     """
 
     name = "hf"
 
     def __init__(self, merged_copy: Callable[[nn.Module], Any] | None = None, kv_cache: str = "static",
-                 compile_decode: bool = False, report_logps: bool = False):
+                 compile_decode: bool = False, report_logps: bool = False, exact: bool = True):
         self.merged_copy = merged_copy
+        self.exact = exact
         self.kv_cache = kv_cache
         self.compile_decode = compile_decode
         self.report_logps = report_logps
@@ -113,6 +118,10 @@ class HFEngine:
             model.train(was_training)
         if self.report_logps and sampler is not model:
             batch.sample_logps = logps
+        if params.report_entropy and self.exact:  # (the evaluation's: the policy's log-probs and entropies, sampled)
+            batch.sample_logps = logps
+        else:
+            batch.sample_entropy = None
         return batch
 
     def close(self) -> None:

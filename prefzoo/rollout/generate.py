@@ -90,10 +90,11 @@ KV_CACHES = ("static", "dynamic")
 
 
 def _choose(logits: Tensor, params: SamplingParams, generator: torch.Generator | None, uniforms: Tensor | None
-            ) -> tuple[Tensor, Tensor]:
+            ) -> tuple[Tensor, Tensor, Tensor | None]:
     """One decode step's choice from ``logits`` (Shape (n, V) float32): (token Shape (n,) long, its log-prob under the
     distribution it was drawn from, Shape (n,) float32: after the temperature and renormalised over the top-k /
-    top-p support, as vLLM's ``processed_logprobs``; greedy: the plain softmax's)."""
+    top-p support, as vLLM's ``processed_logprobs``; greedy: the plain softmax's; and with
+    ``params.report_entropy`` that distribution's entropy -sum_v p_v log p_v in nats, Shape (n,), else None)."""
     if params.greedy:
         logprobs = torch.log_softmax(logits, -1)
         token = logits.argmax(-1)
@@ -101,7 +102,10 @@ def _choose(logits: Tensor, params: SamplingParams, generator: torch.Generator |
         kept = filter_support(logits / params.temperature, params.top_p, params.top_k)
         token = sample_from(kept.softmax(-1), generator, uniforms)
         logprobs = torch.log_softmax(kept, -1)
-    return token, logprobs.gather(-1, token[:, None])[:, 0]
+    entropy = None
+    if params.report_entropy:  # (-inf log-probs off the support: p = 0 there, so they add nothing)
+        entropy = -(logprobs.exp() * logprobs.masked_fill(torch.isinf(logprobs), 0.0)).sum(-1)
+    return token, logprobs.gather(-1, token[:, None])[:, 0], entropy
 
 
 @torch.no_grad()
@@ -134,9 +138,10 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
             shape (:func:`compiled_step`); otherwise ignored.
 
     Returns:
-        (batch, sample_logps): the (B*G)-row :class:`SequenceBatch` (with ``prompt_index`` and ``truncated``),
-        and the log-probability of each sampled token under the temperature-scaled distribution the
-        sampler drew from before top-p filtering, Shape (B*G, C) float32, 0 after the end.
+        (batch, sample_logps): the (B*G)-row :class:`SequenceBatch` (with ``prompt_index`` and ``truncated``; with
+        ``params.report_entropy`` also ``sample_entropy``, the entropy of each step's distribution, nats), and the
+        log-probability of each sampled token under the distribution the sampler drew from (after the temperature
+        and the top-k / top-p support), Shape (B*G, C) float32, 0 after the end.
 
     Raises:
         ValueError: ``uniforms`` of the wrong shape, or an unknown ``kv_cache``.
@@ -155,7 +160,7 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
                 use_cache=True, logits_to_keep=1)
     cache = getattr(out, _CACHE)
     steps = params.max_new_tokens
-    result = _Result(rows, steps, pad_id, device)
+    result = _Result(rows, steps, pad_id, device, entropy=params.report_entropy)
     logits = out.logits[:, -1].float().repeat_interleave(num_samples, dim=0)
     next_position = position[:, -1:].repeat_interleave(num_samples, dim=0) + 1
     if kv_cache == "static" and can_preallocate(cache):
@@ -180,22 +185,28 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
         prompt_index=torch.arange(n_prompts, device=device).repeat_interleave(num_samples),
         truncated=~result.finished,
     )
+    if result.token_entropy is not None:  # (params.report_entropy)
+        batch.sample_entropy = result.token_entropy[:, :width].masked_fill(~completion_mask, 0.0)
     return batch, result.token_logps[:, :width].masked_fill(~completion_mask, 0.0)
 
 
 class _Result:
     """What the decode loops fill: tokens and log-probs per (row, step), lengths, which rows ended with EOS."""
 
-    def __init__(self, rows: int, steps: int, pad_id: int, device):
+    def __init__(self, rows: int, steps: int, pad_id: int, device, entropy: bool = False):
         self.tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
         self.token_logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+        self.token_entropy = torch.zeros((rows, steps), dtype=torch.float32, device=device) if entropy else None
         self.lengths = torch.full((rows,), steps, dtype=torch.long, device=device)
         self.finished = torch.zeros(rows, dtype=torch.bool, device=device)
 
-    def record(self, rows: Tensor, t: int, token: Tensor, logp: Tensor, eos: Tensor) -> Tensor:
+    def record(self, rows: Tensor, t: int, token: Tensor, logp: Tensor, eos: Tensor, entropy: Tensor | None = None
+               ) -> Tensor:
         """Store step ``t``'s tokens of ``rows``; the mask (Shape (n,) bool) of those that just ended."""
         self.tokens[rows, t] = token
         self.token_logps[rows, t] = logp
+        if entropy is not None:
+            self.token_entropy[rows, t] = entropy
         return torch.isin(token, eos)
 
     def end(self, rows: Tensor, t: int) -> None:
@@ -209,8 +220,8 @@ def _decode_dynamic(model, cache, logits, attention, next_position, params, eos,
     active = torch.arange(logits.shape[0], device=device)
     steps = params.max_new_tokens
     for t in range(steps):
-        token, logp = _choose(logits, params, generator, None if uniforms is None else uniforms[active, t])
-        done = result.record(active, t, token, logp, eos)
+        token, logp, entropy = _choose(logits, params, generator, None if uniforms is None else uniforms[active, t])
+        done = result.record(active, t, token, logp, eos, entropy)
         if bool(done.any()):
             result.end(active[done], t)
             keep = (~done).nonzero()[:, 0]
@@ -260,9 +271,9 @@ def _decode_static(model, kv: PreallocatedKV, logits, position, params, eos, gen
     steps = params.max_new_tokens
     for t in range(steps):
         rows = slots if live is None else slots[live]
-        token, logp = _choose(logits if live is None else logits[live], params, generator,
-                              None if uniforms is None else uniforms[rows, t])
-        done = result.record(rows, t, token, logp, eos)
+        token, logp, entropy = _choose(logits if live is None else logits[live], params, generator,
+                                       None if uniforms is None else uniforms[rows, t])
+        done = result.record(rows, t, token, logp, eos, entropy)
         if bool(done.any()):
             result.end(rows[done], t)
             still = ~done

@@ -288,7 +288,8 @@ def hf_engine(cfg: Config):
                  "apply: a merged copy would be a whole model beside the shards)")
     if cfg.model.fast.merged_rollout and not sharded:
         factory = merged_copy if r.dtype is None else partial(merged_copy, dtype=DTYPES[r.dtype])
-    return HFEngine(factory, kv_cache=r.kv_cache, compile_decode=r.compile_decode, report_logps=r.log_mismatch)
+    return HFEngine(factory, kv_cache=r.kv_cache, compile_decode=r.compile_decode, report_logps=r.log_mismatch,
+                    exact=r.dtype is None)
 
 
 def build_rollout_worker(cfg: Config):
