@@ -82,8 +82,8 @@ class PairsConfig:
     batch_size: int = 16  # prompts per generate() call
     eval_prompts: int = 64  # held-out prompts for the preference-accuracy pairs
     require_finished: bool = True  # chosen must end by itself (EOS); false: compare completions cut at max_new_tokens
-    annotator: str = "gold"  # who labels the pairs: gold (the verifier) | longer (length-biased; prefzoo.data.pairs)
-    length_bias: float = 0.5  # annotator=longer: probability of preferring the longer over the verifier's better
+    annotator: str = "gold"  # who labels the pairs: gold (the verifier) | longer | shorter (length-biased; data.pairs)
+    length_bias: float = 0.5  # annotator=longer|shorter: probability of preferring the longer (shorter) answer
     seed: Optional[int] = None  # the seed of the pairs' sampling and labelling (eval pairs: seed + 1); null: data.seed
 
 
@@ -447,7 +447,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must be in (0, 1): the share of a file held out.")
     if not 0 <= d.pairs.length_bias <= 1:  # (the annotator's name: prefzoo.validation.check_names, in the pre-flight)
         raise ConfigError(f"data.pairs.length_bias={d.pairs.length_bias} must be in [0, 1]: the probability that "
-                          "data.pairs.annotator=longer prefers the longer answer over the verifier's better one.")
+                          "data.pairs.annotator=longer (shorter) prefers the longer (shorter) answer over the "
+                          "verifier's better one.")
     if d.pairs.num_samples < 2:
         raise ConfigError(f"data.pairs.num_samples={d.pairs.num_samples}: a pair needs at least 2 samples "
                           "per prompt.")

@@ -23,6 +23,10 @@ an ordinary dataset any preference algorithm (or a user's script) can read.
   the training pairs while the gold (the verifier) falls: the over-optimisation recipe
   ``overoptimisation_length``. ``stats`` report the share of pairs whose chosen is the longer (``chosen_longer``)
   and the share the verifier prefers (``chosen_better``): the two correlations the proxy learns from.
+* ``shorter``: the mirror (:func:`select_shorter_pair`): it prefers the SHORTER answer with probability
+  ``data.pairs.length_bias``. On "reply with just the number" prompts, where SmolLM2 rambles and the last number
+  of a ramble is seldom the answer, concision is at first a real gain; pushed further it is not (an answer cut to
+  nothing is never right): the mechanism of the over-optimisation recipe ``overoptimisation_concise``.
 
 When the model never tells two samples of a prompt apart (a random model such as ``model=tiny`` never answers
 right), the pairs take the task's known answer (its ``answer`` column) as ``chosen`` against a sampled answer,
@@ -99,20 +103,35 @@ def select_longer_pair(scores: list[float], ended: list[bool], lengths: list[int
         scores: the verifier's score of each sample. ended: whether it ended by itself (EOS).
         lengths: its completion length in tokens. length_bias: in [0, 1].
     """
+    return _length_biased_pair(scores, ended, lengths, rng, length_bias, longer=True)
+
+
+def select_shorter_pair(scores: list[float], ended: list[bool], lengths: list[int], rng: random.Random,
+                        length_bias: float) -> tuple[int, int] | None:
+    """:func:`select_longer_pair`'s mirror: the annotator prefers the SHORTER answer (with probability
+    ``length_bias`` of the verifier's pair; a pair the verifier does not separate: a shortest ended sample over a
+    longest one). The chosen must have ended, as there. No pair: the verifier separates nothing and no ended sample
+    is strictly shorter than a longest one."""
+    return _length_biased_pair(scores, ended, lengths, rng, length_bias, longer=False)
+
+
+def _length_biased_pair(scores, ended, lengths, rng, length_bias, longer: bool) -> tuple[int, int] | None:
+    sign = 1 if longer else -1
     gold = select_pair(scores, ended, rng)
     if gold is not None:
         better, worse = gold
-        if rng.random() < length_bias and lengths[worse] > lengths[better] and ended[worse]:
+        if rng.random() < length_bias and sign * (lengths[worse] - lengths[better]) > 0 and ended[worse]:
             return worse, better
         return better, worse
     finished = [i for i, e in enumerate(ended) if e]
     if not finished:
         return None
-    longest, shortest = max(lengths[i] for i in finished), min(lengths)
-    if longest <= shortest:
+    best = max(sign * lengths[i] for i in finished)  # the longest (shortest) ended sample
+    worst = min(sign * n for n in lengths)  # against the shortest (longest) of all
+    if best <= worst:
         return None
-    return (rng.choice([i for i in finished if lengths[i] == longest]),
-            rng.choice([i for i, n in enumerate(lengths) if n == shortest]))
+    return (rng.choice([i for i in finished if sign * lengths[i] == best]),
+            rng.choice([i for i, n in enumerate(lengths) if sign * n == worst]))
 
 
 def _verifier_pair(scores: list[float], ended: list[bool], lengths: list[int], rng: random.Random,
@@ -122,7 +141,7 @@ def _verifier_pair(scores: list[float], ended: list[bool], lengths: list[int], r
 
 #: ``data.pairs.annotator`` -> how it picks (chosen, rejected) in one prompt's group:
 #: ``f(scores, ended, lengths, rng, length_bias)`` (see the module docstring)
-ANNOTATORS = {"gold": _verifier_pair, "longer": select_longer_pair}
+ANNOTATORS = {"gold": _verifier_pair, "longer": select_longer_pair, "shorter": select_shorter_pair}
 
 
 @torch.no_grad()

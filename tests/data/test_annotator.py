@@ -36,9 +36,10 @@ def label(script, annotator="longer", bias=1.0, seed=0, require_finished=True):
 
 
 def test_the_annotators_by_name():
-    assert tuple(ANNOTATORS) == ("gold", "longer")
-    with pytest.raises(DataError, match="data.pairs.annotator='shorter' is not an annotator; choose one of: gold, longer"):
-        label([[("5", True), ("7", True)]], annotator="shorter")
+    assert tuple(ANNOTATORS) == ("gold", "longer", "shorter")
+    with pytest.raises(DataError, match="data.pairs.annotator='median' is not an annotator; choose one of: gold, "
+                                        "longer, shorter"):
+        label([[("5", True), ("7", True)]], annotator="median")
 
 
 def test_select_longer_pair_by_hand():
@@ -116,7 +117,7 @@ def test_the_cache_key_of_the_verifiers_pairs_is_unchanged_and_the_biased_pairs_
 
 
 @pytest.mark.parametrize("override, message", [
-    ("data.pairs.annotator=shorter", "data.pairs.annotator='shorter' is not valid; choose one of: gold, longer"),
+    ("data.pairs.annotator=median", "data.pairs.annotator='median' is not valid; choose one of: gold, longer, shorter"),
     ("data.pairs.length_bias=1.5", "data.pairs.length_bias=1.5 must be in [0, 1]"),
 ])
 def test_a_bad_annotator_setting_is_a_config_error(override, message):
@@ -126,3 +127,33 @@ def test_a_bad_annotator_setting_is_a_config_error(override, message):
     with pytest.raises(ConfigError) as err:
         typed("model=tiny", override)
     assert str(err.value).startswith(message)
+
+
+LONG_RIGHT = "Let me think. 2 plus 3 makes 5"  # its last number is 5: right
+
+
+def test_bias_one_of_the_shorter_annotator_prefers_the_shorter_even_when_it_is_wrong():
+    """The mirror of the longer annotator (issue 32's design (e): a proxy for which concision is the preferred
+    feature). Prompt 0: wrong and short vs right and long -> the short wrong answer is chosen (gold: the right one).
+    Prompt 1: both wrong, of different lengths -> the shorter is chosen. Prompt 2: both one token -> no pair. At bias
+    0 the verifier's label stands where it separates the pair (prompt 0), length elsewhere (prompt 1)."""
+    script = [[(SHORT_WRONG, True), (LONG_RIGHT, True)], [(SHORT_WRONG, True), (LONG_WRONG_2, True)],
+              [("7", True), ("8", True)]]
+    got, stats = label(script, annotator="shorter", bias=1.0)
+    assert got == [(SHORT_WRONG, LONG_RIGHT), (SHORT_WRONG, LONG_WRONG_2)]
+    assert stats["chosen_longer"] == 0.0 and stats["chosen_better"] == 0.0
+    got, _ = label(script, annotator="shorter", bias=0.0)
+    assert got == [(LONG_RIGHT, SHORT_WRONG), (SHORT_WRONG, LONG_WRONG_2)]
+
+
+def test_the_shorter_annotators_chosen_must_have_ended():
+    """Under require_finished the chosen answer must have ended by itself: a shorter answer that was cut (no EOS)
+    cannot be chosen, so the verifier's label stands; of two wrong answers only the longer ended: length would choose
+    the shorter, which did not end, so there is no pair; both ended: the shorter."""
+    import random
+
+    from prefzoo.data.pairs import select_shorter_pair
+
+    assert select_shorter_pair([0.0, 1.0], [False, True], [2, 9], random.Random(0), 1.0) == (1, 0)
+    assert select_shorter_pair([0.0, 0.0], [False, True], [2, 9], random.Random(0), 1.0) is None
+    assert select_shorter_pair([0.0, 0.0], [True, True], [2, 9], random.Random(0), 1.0) == (0, 1)
