@@ -599,9 +599,16 @@ def check_server_url(url: str, where: str) -> str:
     from urllib.parse import urlparse
 
     parsed = urlparse(str(url))
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"{where}={url!r} is not a server address; give http://host:port (e.g. http://127.0.0.1:8000, "
-                          "the address `prefzoo serve --port 8000` prints).")
+    try:
+        port = parsed.port
+    except ValueError:  # a port that is not a number in 0..65535
+        port = -1
+    fix = "give http://host:port (e.g. http://127.0.0.1:8000, the address `prefzoo serve --port 8000` prints)"
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or port == -1 or parsed.username:
+        raise ConfigError(f"{where}={url!r} is not a server address; {fix}.")
+    if parsed.path.rstrip("/") or parsed.query or parsed.fragment:
+        raise ConfigError(f"{where}={url!r}: give the server's address without a path (not .../v1: prefzoo adds the "
+                          f"routes); {fix}.")
     return str(url).rstrip("/")
 
 
@@ -620,6 +627,10 @@ def check_rollout_engine(cfg: Config) -> None:
     _choice("rollout.kv_cache", r.kv_cache, ("static", "dynamic"))
     if r.dtype is not None:
         _choice("rollout.dtype", r.dtype, ("float32", "bfloat16", "float16"))
+        if r.engine == "vllm_server":
+            raise ConfigError(f"rollout.dtype={r.dtype} is the hf engine's sampler; with rollout.engine=vllm_server the "
+                              f"servers sample in their own dtype: start them with `prefzoo serve --dtype {r.dtype}` "
+                              "(and set rollout.dtype=null).")
         if r.engine != "hf":
             raise ConfigError(f"rollout.dtype={r.dtype} is the hf engine's sampler; rollout.engine={r.engine} has its "
                               f"own: set rollout.vllm.dtype={r.dtype} instead (and rollout.dtype=null).")
@@ -654,9 +665,26 @@ def check_rollout_engine(cfg: Config) -> None:
         if not r.servers:
             raise ConfigError("rollout.engine=vllm_server needs rollout.servers=[http://host:port, ...]: start each "
                               "server with `prefzoo serve --model <model.name> --port <port>` (docs/scaling-out.md).")
+        seen: dict[str, int] = {}
         for i, url in enumerate(r.servers):
-            check_server_url(url, f"rollout.servers[{i}]")
-        _positive("rollout.vllm.request_timeout", v.request_timeout)
+            key = check_server_url(url, f"rollout.servers[{i}]").lower()
+            if key in seen:
+                raise ConfigError(f"rollout.servers[{i}]={url!r} is rollout.servers[{seen[key]}] again; list each server "
+                                  "once (its prompts would be sent twice and its adapter loaded twice).")
+            seen[key] = i
+        if not (math.isfinite(v.request_timeout) and v.request_timeout > 0):
+            raise ConfigError(f"rollout.vllm.request_timeout={v.request_timeout}: seconds one completion request may "
+                              "take, a number > 0 (e.g. 600).")
+        defaults = VLLMConfig()
+        served = {"dtype": "--dtype", "max_model_len": "--max-model-len", "seed": "--seed",
+                  "enforce_eager": "-- --enforce-eager", "gpu_memory_utilization": "-- --gpu-memory-utilization",
+                  "sleep": "-- --enable-sleep-mode", "cpu_kv_cache_gib": "--cpu-kv-cache-gib",
+                  "cpu_threads": "--threads"}
+        for key, flag in served.items():
+            if getattr(v, key) != getattr(defaults, key):
+                raise ConfigError(f"rollout.vllm.{key}={getattr(v, key)} sets the in-process engine; with "
+                                  f"rollout.engine=vllm_server the servers decide it: start them with `prefzoo serve "
+                                  f"{flag} ...` and drop rollout.vllm.{key}.")
         return
     if v.dtype is not None:
         _choice("rollout.vllm.dtype", v.dtype, ("float32", "bfloat16", "float16"))

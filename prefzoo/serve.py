@@ -18,8 +18,9 @@ folder (the same process: stopping it stops the server), started with what the t
 * ``--dtype``, ``--max-model-len``, ``--seed``, ``--host``, ``--port``; on a machine without CUDA (vLLM's CPU build)
   the KV cache size (``VLLM_CPU_KVCACHE_SPACE``) and, with ``--threads``, that many OpenMP threads unbound to cores.
 
-Anything after ``--`` goes to vLLM unchanged. ``--print-command`` prints the command and the environment it would run,
-and starts nothing.
+Anything after ``--`` goes to vLLM unchanged, except the options listed above, which prefzoo serve sets itself (refused
+there in one line, naming the option to use). ``--print-command`` prints the command and the environment it would
+run, and starts nothing (nor converts or builds the model).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import importlib.util
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from prefzoo.errors import PrefzooError
 
@@ -39,9 +41,47 @@ __all__ = ["main", "server_command"]
 SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (the project's rule), not a usage block."""
+
+    def error(self, message: str):
+        raise PrefzooError(f"{message} (prefzoo serve --help lists the options)")
+
+
+#: vLLM options prefzoo serve sets itself (the trainer relies on them): refused after ``--``, with the option to use
+RESERVED = {"--model": "use --model", "--served-model-name": "it follows from --model, the name the run checks",
+            "--enable-lora": "always on", "--max-lora-rank": "use --max-lora-rank",
+            "--max-loras": "always 2: the trainer loads the next adapter before unloading the last",
+            "--logprobs-mode": "always processed_logprobs: the log-probs the trainer recomputes",
+            "--dtype": "use --dtype", "--max-model-len": "use --max-model-len", "--seed": "use --seed",
+            "--host": "use --host", "--port": "use --port"}
+
+
+def _check(args: argparse.Namespace, extra: list[str]) -> None:
+    """Ranges of the options, the model folder, and no reserved vLLM option after ``--``; PrefzooError otherwise."""
+    for name, low, high in (("port", 1, 65535), ("max_lora_rank", 1, None), ("max_model_len", 1, None),
+                            ("cpu_kv_cache_gib", 1, None), ("threads", 0, None), ("seed", 0, None),
+                            ("tiny_layers", 1, None), ("tiny_hidden_size", 1, None)):
+        value = getattr(args, name)
+        if value < low or (high is not None and value > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise PrefzooError(f"--{name.replace('_', '-')} {value}: must be {bound}.")
+    if args.model == "tiny" and args.tiny_hidden_size % 4:
+        raise PrefzooError(f"--tiny-hidden-size {args.tiny_hidden_size}: the tiny model has 4 attention heads, so a "
+                           "multiple of 4 (vLLM's CPU attention also needs a head size of 32 or more: 128).")
+    looks_like_path = args.model.startswith((".", "/", "~")) or "\\" in args.model
+    if args.model not in ("smollm2", "tiny") and looks_like_path and not (Path(args.model).expanduser() / "config.json").is_file():
+        raise PrefzooError(f"--model {args.model}: no model folder there (no config.json); give a folder holding a "
+                           "Hugging Face model, a hub id, smollm2 or tiny.")
+    for item in extra:
+        flag = item.split("=", 1)[0]
+        if flag in RESERVED:
+            raise PrefzooError(f"{item} after --: prefzoo serve sets {flag} itself ({RESERVED[flag]}).")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prefzoo serve", description="A vLLM server a prefzoo run samples from "
-                                "(rollout.engine=vllm_server rollout.servers=[http://HOST:PORT]).")
+    p = _Parser(prog="prefzoo serve", description="A vLLM server a prefzoo run samples from "
+                "(rollout.engine=vllm_server rollout.servers=[http://HOST:PORT]).")
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a model folder | a hub id (as model.name)")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
@@ -61,15 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_folder(name: str, *, seed: int, tiny_hidden_size: int, tiny_layers: int) -> str:
-    """The folder (or hub id) vLLM loads for ``--model name``: as a run resolves ``model.name``."""
-    from prefzoo.models.loading import cache_dir, load_causal_lm, load_tokenizer, smollm2_local_dir
+def model_folder(name: str, *, seed: int, tiny_hidden_size: int, tiny_layers: int, build: bool = True) -> str:
+    """The folder (or hub id) vLLM loads for ``--model name``: as a run resolves ``model.name``; ``build``: convert
+    SmolLM2 / build the tiny model there if missing (False: only say where)."""
+    from prefzoo.models.loading import SMOLLM2_CACHE_NAME, cache_dir, load_causal_lm, load_tokenizer, smollm2_local_dir
 
     if name == "smollm2":
-        return str(smollm2_local_dir())
+        return str(smollm2_local_dir()) if build else str(cache_dir() / SMOLLM2_CACHE_NAME)
     if name == "tiny":
         folder = cache_dir() / "served" / f"tiny-h{tiny_hidden_size}-l{tiny_layers}-s{seed}"
-        if not (folder / "config.json").is_file():
+        if build and not (folder / "config.json").is_file():
             tokenizer = load_tokenizer("tiny")
             model = load_causal_lm("tiny", seed=seed, tokenizer=tokenizer,
                                    tiny_kwargs={"hidden_size": tiny_hidden_size, "num_layers": tiny_layers})
@@ -87,10 +128,14 @@ def server_command(args: argparse.Namespace, extra: list[str], folder: str) -> t
     from prefzoo.rollout.vllm_server import served_model_name
 
     module = next((m for m in SERVER_MODULES if _module_exists(m)), SERVER_MODULES[-1])
+    try:
+        rank = lora_rank_for_vllm(args.max_lora_rank)
+    except PrefzooError:
+        raise PrefzooError(f"--max-lora-rank {args.max_lora_rank}: vLLM serves LoRA ranks up to 512.") from None
     name = served_model_name(args.model, tiny_hidden_size=args.tiny_hidden_size, tiny_layers=args.tiny_layers,
                              seed=args.seed)
     argv = [sys.executable, "-m", module, "--model", folder, "--served-model-name", name,
-            "--enable-lora", "--max-lora-rank", str(lora_rank_for_vllm(args.max_lora_rank)), "--max-loras", "2",
+            "--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2",
             "--logprobs-mode", "processed_logprobs", "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
             "--seed", str(args.seed), "--host", args.host, "--port", str(args.port), *extra]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -115,15 +160,16 @@ def main(argv: list[str]) -> int:
     argv = list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     ours = argv[:argv.index("--")] if "--" in argv else argv
-    args = _parser().parse_args(ours)
     try:
+        args = _parser().parse_args(ours)
+        _check(args, extra)
         if not args.print_command and importlib.util.find_spec("vllm") is None:
             from prefzoo.config import VLLM_INSTALL
 
             raise PrefzooError(f"prefzoo serve runs vLLM's server, and vLLM is not installed in this Python "
                                f"({sys.executable}): {VLLM_INSTALL}.")
         folder = model_folder(args.model, seed=args.seed, tiny_hidden_size=args.tiny_hidden_size,
-                              tiny_layers=args.tiny_layers)
+                              tiny_layers=args.tiny_layers, build=not args.print_command)
         command, env = server_command(args, extra, folder)
     except PrefzooError as err:
         print(f"prefzoo serve: error: {err}", file=sys.stderr)

@@ -289,6 +289,20 @@ def check_rollout_servers(cfg) -> None:
         return
     from prefzoo.rollout.vllm_server import check_servers, served_model_name
 
+    folder = r.vllm.adapter_dir
+    if folder is not None:  # the adapters are written here: a folder this process can write (made if missing)
+        from pathlib import Path
+
+        path = Path(folder).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            ok = path.is_dir() and os.access(path, os.W_OK)
+        except OSError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"rollout.vllm.adapter_dir={folder!r} is not a folder this process can write; give a "
+                              "writable folder every server reads at the same path (a shared file system across "
+                              "machines), or drop it for a temporary one (servers on this machine).")
     m = cfg.model
     name = served_model_name(m.name, tiny_hidden_size=m.tiny_hidden_size, tiny_layers=m.tiny_layers, seed=cfg.trainer.seed)
     check_servers(list(r.servers), name, cfg.data.max_prompt_length + max(r.max_new_tokens, cfg.eval.max_new_tokens))

@@ -198,3 +198,37 @@ def test_tiny_dpo_on_the_default_data_runs():
     assert "train preference pairs: model=tiny gave no pair of its own (sample accuracy 0.0% over 48 samples): 8 " \
            "pairs use the task's known answer as chosen" in proc.stdout + proc.stderr
     assert json.loads((proc.base / "run" / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "abc"], "argument --port: invalid int value: 'abc' (prefzoo serve --help lists the options)"),
+    (["--max-lora-rank", "1000", "--print-command"], "--max-lora-rank 1000: vLLM serves LoRA ranks up to 512."),
+    (["--port", "70000", "--print-command"], "--port 70000: must be 1..65535."),
+    (["--model", "tiny", "--tiny-hidden-size", "30", "--print-command"], "--tiny-hidden-size 30: the tiny model has 4"),
+    (["--model", "/nonexistent/folder", "--print-command"], "--model /nonexistent/folder: no model folder there"),
+    (["--print-command", "--", "--logprobs-mode", "raw_logprobs"],
+     "--logprobs-mode after --: prefzoo serve sets --logprobs-mode itself (always processed_logprobs"),
+])
+def test_prefzoo_serve_refuses_bad_options_in_one_line(argv, message, capsys):
+    """`prefzoo serve` (issue 31): a bad option is one line naming it, exit 2, before any model is built or vLLM is
+    looked for (the reserved vLLM options after -- are the ones the trainer relies on)."""
+    from prefzoo.serve import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"prefzoo serve: error: {message}") and err.count("\n") == 1
+
+
+def test_prefzoo_serve_prints_the_vllm_command_with_what_the_trainer_relies_on(capsys):
+    """--print-command starts nothing and builds nothing: the vLLM server module on the tiny model's folder, served
+    under the name the run checks (tiny-h128-l2-s3), LoRA at run time (the environment variable), two adapters at
+    once, the processed log-probs, and what follows -- unchanged."""
+    from prefzoo.serve import main
+
+    assert main(["--model", "tiny", "--seed", "3", "--port", "8123", "--print-command", "--", "--enforce-eager"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True ")
+    for part in ("--served-model-name tiny-h128-l2-s3", "--enable-lora", "--max-loras 2",
+                 "--logprobs-mode processed_logprobs", "--port 8123", "served/tiny-h128-l2-s3"):
+        assert part in out, part
+    assert out.endswith("--enforce-eager")

@@ -62,11 +62,25 @@ from prefzoo.rollout.vllm_engine import completion_batch, prompt_id_lists, reque
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
 
 log = logging.getLogger(__name__)
+logging.getLogger("httpx").setLevel(logging.WARNING)  # (it logs every request at INFO: hundreds of lines a run)
 
 __all__ = ["VLLMServerEngine", "check_servers", "served_model_name"]
 
-#: the adapter names the engine gives the servers: ``policy-v<version>``
-ADAPTER_PREFIX = "policy-v"
+#: the adapter names the engine gives the servers: ``policy-<run id>-v<version>``
+ADAPTER_PREFIX = "policy-"
+
+
+def _shared_run_id() -> str:
+    """A random id for this run's adapter names, the same on every data-parallel process (the main process's,
+    broadcast: every process builds its engine at the same point of the set-up)."""
+    import secrets
+
+    import torch.distributed as dist
+
+    run_id = [secrets.token_hex(4)]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(run_id, src=0)
+    return run_id[0]
 
 
 def served_model_name(name: str, *, tiny_hidden_size: int = 64, tiny_layers: int = 2, seed: int = 0) -> str:
@@ -88,6 +102,12 @@ def _client(timeout: float):
 def _reason(err: Exception) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """``text`` (an answer's body: JSON, HTML) as one line of at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
 def check_servers(urls: list[str], model_name: str, need_tokens: int, timeout: float = 10.0) -> list[dict]:
@@ -119,17 +139,26 @@ def check_servers(urls: list[str], model_name: str, need_tokens: int, timeout: f
                 models = answer.json()["data"]
             except httpx.HTTPError as err:
                 raise ConfigError(f"{where}={url}: no vLLM server answers there ({_reason(err)}); start one with "
-                                  f"`prefzoo serve --model ... --port {urlparse(url).port or 8000}` or fix the "
+                                  f"`prefzoo serve --model ... --port {urlparse(url).port or (443 if url.startswith('https') else 80)}` or fix the "
                                   "address.") from None
             except (ValueError, KeyError, TypeError):
+                models = None
+            if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
+                                                       for m in models):
                 raise ConfigError(f"{where}={url}: GET /v1/models did not answer with vLLM's model list; is it a "
-                                  "vLLM server (`prefzoo serve`)?") from None
-            names = {m.get("id"): m for m in models if isinstance(m, dict)}
+                                  "vLLM server (`prefzoo serve`)?")
+            names = {m["id"]: m for m in models}
             if model_name not in names:
-                served = ", ".join(sorted(str(n) for n in names if not str(n).startswith(ADAPTER_PREFIX)))
-                raise ConfigError(f"{where}={url} serves {served or 'nothing'}, not the run's base model {model_name!r}; "
-                                  f"start it with `prefzoo serve` and the run's model (--model, and for model=tiny "
-                                  "--seed / --tiny-hidden-size / --tiny-layers), or set model.name to what it serves.")
+                served = ", ".join(sorted(n for n in names if not n.startswith(ADAPTER_PREFIX)))
+                if model_name.startswith("tiny-"):
+                    fix = ("the run's tiny model is " + model_name + ": start the server with `prefzoo serve --model "
+                           "tiny` and the matching --tiny-hidden-size / --tiny-layers / --seed, or set "
+                           "model.tiny_hidden_size / model.tiny_layers / trainer.seed to the server's (its name says "
+                           "them: tiny-h<hidden>-l<layers>-s<seed>; prefzoo serve's default width is 128)")
+                else:
+                    fix = "start it with `prefzoo serve --model <the run's model.name>`, or train the model it serves"
+                raise ConfigError(f"{where}={url} serves {served or 'nothing'}, not the run's base model "
+                                  f"{model_name!r}; {fix}.")
             length = names[model_name].get("max_model_len")
             if isinstance(length, int) and length < need_tokens:
                 raise ConfigError(f"{where}={url} serves {model_name!r} with a context of {length} tokens, shorter than "
@@ -178,6 +207,9 @@ class VLLMServerEngine:
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else Path(tempfile.mkdtemp(prefix="prefzoo-adapters-"))
         self.timeout, self.wait_seconds = float(timeout), float(wait_seconds)
         self._is_main = is_main
+        # this run's adapter names, policy-<run>-v<version>: a second run (or a resumed one) on the same servers never
+        # meets the names an earlier one left loaded; data-parallel processes take the main process's
+        self.run_id = _shared_run_id()
         self.version = 0  # the policy version the servers hold (0: none pushed yet)
         self._stamp: tuple | None = None
         self.syncs = 0  # adapters pushed by this process
@@ -196,7 +228,7 @@ class VLLMServerEngine:
 
     @property
     def adapter_name(self) -> str:
-        return f"{ADAPTER_PREFIX}{self.version}"
+        return f"{ADAPTER_PREFIX}{self.run_id}-v{self.version}"
 
     def _post(self, url: str, path: str, body: dict) -> dict | str:
         """POST ``body`` to ``url + path``; the answer's JSON (or text). Raises _ServerDown for a server that is gone,
@@ -207,18 +239,27 @@ class VLLMServerEngine:
             answer = self._http.post(f"{url}{path}", json=body)
         except httpx.HTTPError as err:
             raise _ServerDown(_reason(err)) from None
-        if answer.status_code >= 500:
-            raise _ServerDown(f"HTTP {answer.status_code}: {answer.text[:200]}")
         if answer.status_code >= 400:
             try:
                 message = answer.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
-                message = answer.text[:300]
-            raise ModelError(f"the vLLM server {url} refused {path} (HTTP {answer.status_code}): {message}")
+                message = answer.text
+            if answer.status_code >= 500:
+                raise _ServerDown(f"HTTP {answer.status_code}: {_one_line(message)}")
+            raise ModelError(f"the vLLM server {url} refused {path} (HTTP {answer.status_code}): {_one_line(message, 300)}")
         try:
             return answer.json()
         except ValueError:
             return answer.text
+
+    def _answers(self, url: str) -> bool:
+        """Whether ``url`` still answers its model list."""
+        import httpx
+
+        try:
+            return self._http.get(f"{url}/v1/models").status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _drop(self, url: str, why: str) -> None:
         with self._lock:
@@ -258,6 +299,10 @@ class VLLMServerEngine:
             try:
                 self._post(url, "/v1/load_lora_adapter", {"lora_name": self.adapter_name, "lora_path": str(folder.resolve())})
             except _ServerDown as err:
+                if self._answers(url):  # up, but it could not load this adapter: the run's setting, not a dead server
+                    raise ModelError(f"the vLLM server {url} failed to load the adapter ({err}); is model.lora.r above "
+                                     "the server's --max-lora-rank? Restart it with `prefzoo serve --max-lora-rank "
+                                     "<at least model.lora.r>`.") from None
                 self._drop(url, str(err))
         self.syncs += 1
         if previous is not None:
@@ -307,7 +352,7 @@ class VLLMServerEngine:
         answer = self._post(url, "/v1/completions", {**body, "model": self.adapter_name, "prompt": ids,
                                                      "seed": seed % (2 ** 31)})
         if not isinstance(answer, dict) or "choices" not in answer:
-            raise _ServerDown(f"an answer without completions: {str(answer)[:200]}")
+            raise _ServerDown(f"an answer without completions: {_one_line(answer)}")
         if answer.get("model") != self.adapter_name:
             raise ModelError(f"the vLLM server {url} answered with {answer.get('model')!r}, not the current policy "
                              f"version {self.adapter_name!r}: its samples would come from another policy than the one "

@@ -56,6 +56,23 @@ def greedy(policy, engine, batch, tokens=8):
                          eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, generator=policy.generator)
 
 
+def greedy_around_grpo_steps(trainer, steps: int, tol: float):
+    """Greedy answers of 4 prompts from the hf engine, then ``steps`` GRPO steps whose rollouts (the trainer's engine)
+    must log the engine/trainer mismatch below ``tol`` and importance weights of 1 up to it, then greedy answers from
+    the hf engine and from the trainer's engine on the trained weights: (before, after_hf, after_engine) ids."""
+    from prefzoo.rollout.engine import HFEngine
+
+    policy, hf = trainer.policy, HFEngine()
+    batch = prompts(trainer, [0, 1, 2, 3])
+    before = greedy(policy, hf, batch).completion_ids
+    for _ in range(steps):
+        out = trainer.train_step()
+        trainer.step += 1
+        assert out["engine/logp_diff_max"] < tol and out["engine/logp_diff_mean"] < tol
+        assert abs(out["correction/weight_mean"] - 1) < 1e-3 and out["correction/frac_rejected"] == 0.0
+    return before, greedy(policy, hf, batch).completion_ids, greedy(policy, policy.engine, batch).completion_ids
+
+
 def test_the_policy_samples_through_vllm(trainer):
     from prefzoo.rollout.vllm_engine import VLLMEngine
 
@@ -98,21 +115,9 @@ def test_grpo_steps_log_the_mismatch_and_the_engine_follows_every_update(trainer
     the IS weights (1 up to the mismatch: every weight is within 1e-3 of 1, the cap 2 never bites); the engine got one
     adapter per optimizer step (each sent before the next generation); and then its greedy answers equal the hf engine's on the same weights while differing from the
     answers before training (so an engine left on the old weights would fail)."""
-    from prefzoo.rollout.engine import HFEngine
-
-    policy = trainer.policy
-    hf = HFEngine()
-    batch = prompts(trainer, [0, 1, 2, 3])
-    before = greedy(policy, hf, batch).completion_ids
-    syncs = policy.engine.syncs
-    for _ in range(3):
-        out = trainer.train_step()
-        trainer.step += 1
-        assert out["engine/logp_diff_max"] < LOGP_TOL and out["engine/logp_diff_mean"] < LOGP_TOL
-        assert abs(out["correction/weight_mean"] - 1) < 1e-3 and out["correction/frac_rejected"] == 0.0
-    after_hf = greedy(policy, hf, batch).completion_ids
-    after_vllm = greedy(policy, policy.engine, batch).completion_ids
-    assert policy.engine.syncs == syncs + 3  # steps 1, 2 before the next rollouts, step 3 before this greedy call
+    syncs = trainer.policy.engine.syncs
+    before, after_hf, after_vllm = greedy_around_grpo_steps(trainer, 3, LOGP_TOL)
+    assert trainer.policy.engine.syncs == syncs + 3  # steps 1, 2 before the next rollouts, step 3 before this greedy
     assert not torch.equal(after_hf, before)
     assert torch.equal(after_vllm, after_hf)
 

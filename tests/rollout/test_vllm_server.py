@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed "
                                  "(make test-vllm builds .venv-vllm with it)")]
 
+from tests.rollout.test_vllm_engine import greedy_around_grpo_steps, prompts  # noqa: E402 -- the in-process engine's
+
 LOGP_TOL = 1e-4
 START_SECONDS = 900  # a server's start on a shared 2-core machine (measured 60-120 s alone)
 
@@ -100,22 +102,6 @@ def trainer(servers, tmp_path_factory):
     t.policy.engine.close()
 
 
-def prompts(trainer, rows, seeds=None):
-    from prefzoo.types import ROLLOUT_SEED_COLUMN
-
-    batch = trainer.train_prompts.batch(list(rows), trainer.policy.pad_id)
-    if seeds is not None:
-        batch.columns[ROLLOUT_SEED_COLUMN] = list(seeds)
-    return batch
-
-
-def greedy(policy, engine, batch, tokens=8):
-    from prefzoo.types import SamplingParams
-
-    return engine.sample(policy.model, batch, 1, SamplingParams(max_new_tokens=tokens, greedy=True),
-                         eos_token_ids=policy.eos_token_ids, pad_id=policy.pad_id, generator=policy.generator)
-
-
 def test_the_two_servers_sample_with_the_trainers_log_probs(trainer, servers):
     """4 prompts x 4 samples at temperature 0.7 over the two servers (2 prompts each): the servers' log-prob of each
     sampled token equals the trainer's recomputation (policy.logps at 0.7 on the servers' ids) within LOGP_TOL; rows
@@ -151,7 +137,7 @@ def test_a_prompts_samples_do_not_depend_on_the_server(trainer, servers):
     drawn = []
     for url, _ in servers:
         engine = VLLMServerEngine([url], model_name=policy.engine.model_name, is_main=False)  # reads, pushes nothing
-        engine.version, engine._stamp = version, policy.engine._stamp
+        engine.version, engine._stamp, engine.run_id = version, policy.engine._stamp, policy.engine.run_id
         drawn.append(engine.sample(policy.model, batch, 4, params, eos_token_ids=policy.eos_token_ids,
                                    pad_id=policy.pad_id).completion_ids)
         engine.close()
@@ -162,28 +148,19 @@ def test_grpo_steps_push_every_update_and_the_servers_follow(trainer):
     """3 GRPO steps (lr 0.05, so that greedy answers move): each step's rollout logs the mismatch (below LOGP_TOL) and
     IS weights of 1 up to it; the servers got one adapter version per optimizer step; and then their greedy answers
     equal the hf engine's on the same weights while differing from those before training."""
-    from prefzoo.rollout.engine import HFEngine
+    from prefzoo.types import SamplingParams
 
     policy = trainer.policy
-    hf = HFEngine()
-    batch = prompts(trainer, [0, 1, 2, 3])
-    before = greedy(policy, hf, batch).completion_ids
-    policy.sample(batch, 1, __import__("prefzoo.types", fromlist=["SamplingParams"]).SamplingParams(max_new_tokens=1))
+    policy.sample(prompts(trainer, [0]), 1, SamplingParams(max_new_tokens=1))  # (the current version pushed)
     version = policy.engine.version
-    for _ in range(3):
-        out = trainer.train_step()
-        trainer.step += 1
-        assert out["engine/logp_diff_max"] < LOGP_TOL and out["engine/logp_diff_mean"] < LOGP_TOL
-        assert abs(out["correction/weight_mean"] - 1) < 1e-3 and out["correction/frac_rejected"] == 0.0
-    after_hf = greedy(policy, hf, batch).completion_ids
-    after_server = greedy(policy, policy.engine, batch).completion_ids
+    before, after_hf, after_server = greedy_around_grpo_steps(trainer, 3, LOGP_TOL)
     assert policy.engine.version == version + 3
     assert not torch.equal(after_hf, before)
     assert torch.equal(after_server, after_hf)
-    for url in policy.engine.live:  # each server holds the current adapter only
+    for url in policy.engine.live:  # each server holds this run's current adapter only
         with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
             names = [m["id"] for m in json.load(r)["data"]]
-        assert [n for n in names if n.startswith("policy-v")] == [policy.engine.adapter_name]
+        assert [n for n in names if n.startswith(f"policy-{policy.engine.run_id}-")] == [policy.engine.adapter_name]
 
 
 def test_a_run_from_the_command_line_trains_on_the_servers(servers, tmp_path):
@@ -220,7 +197,8 @@ def test_two_data_parallel_processes_share_the_servers(servers, tmp_path):
     done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(root / "train.py"), *overrides],
                           capture_output=True, text=True, timeout=900, cwd=root,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower() or "Error" in line]
+    assert done.returncode == 0, "\n".join(errors[:20]) + "\n...\n" + done.stderr[-2000:]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if "engine/logp_diff_max" in m]
     assert len(steps) == 2 and all(m["engine/logp_diff_max"] < LOGP_TOL for m in steps), steps

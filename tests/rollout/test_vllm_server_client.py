@@ -2,8 +2,8 @@
 
 The real servers' tests (vLLM's CPU build, ``prefzoo serve``, log-probs against the trainer's) are in
 tests/rollout/test_vllm_server.py, marker ``vllm``. Here each server is a few lines of ``http.server`` that speak the
-four routes the engine uses as vLLM 0.32 does (checked against a real server: the same paths, fields and status
-codes): ``GET /v1/models``, ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` (a ``GET`` is answered 405
+four routes the engine uses as vLLM 0.32 does (checked against a real server and vLLM's source: the same paths,
+fields and status codes; a name already loaded is refused with 400, a failed load is a 500): ``GET /v1/models``, ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` (a ``GET`` is answered 405
 when the routes exist, 404 when runtime LoRA loading is off), ``POST /v1/completions``. A stand-in's completion is a
 function of the prompt's ids, the seed and the sample's index only (as vLLM's seeded sampling is of the weights,
 the prompt and the seed), so which server drew a prompt cannot show in its samples. What is checked: the split of a
@@ -35,8 +35,10 @@ class StandIn:
     """One stand-in server on a free loopback port. ``lie``: answer completions under another adapter's name;
     ``lora_routes``: whether runtime adapter loading exists; ``max_model_len``: the context it reports."""
 
-    def __init__(self, base: str = BASE, lie: bool = False, lora_routes: bool = True, max_model_len: int = 2048):
+    def __init__(self, base: str = BASE, lie: bool = False, lora_routes: bool = True, max_model_len: int = 2048,
+                 max_lora_rank: int = 16):
         self.base, self.lie, self.lora_routes, self.max_model_len = base, lie, lora_routes, max_model_len
+        self.max_lora_rank = max_lora_rank
         self.adapters: dict[str, str] = {}
         self.prompts: list[list[int]] = []
         self.loads: list[str] = []
@@ -66,8 +68,16 @@ class StandIn:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path == "/v1/load_lora_adapter" and server.lora_routes:
-                    if not (Path(body["lora_path"]) / "adapter_config.json").is_file():
+                    config = Path(body["lora_path"]) / "adapter_config.json"
+                    if not config.is_file():
                         return self._send(404, {"error": {"message": f"No adapter found for {body['lora_path']}"}})
+                    if body["lora_name"] in server.adapters:  # vLLM 0.32: a name already loaded is refused, 400
+                        return self._send(400, {"error": {"message": f"The lora adapter '{body['lora_name']}' has "
+                                                                     "already been loaded."}})
+                    rank = json.loads(config.read_text())["r"]
+                    if rank > server.max_lora_rank:  # vLLM 0.32: any failure to add an adapter is a 500
+                        return self._send(500, {"error": {"message": f"LoRA rank {rank} is greater than max_lora_rank "
+                                                                     f"{server.max_lora_rank}."}})
                     server.adapters[body["lora_name"]] = body["lora_path"]
                     server.loads.append(body["lora_name"])
                     return self._send(200, "Success")
@@ -83,7 +93,7 @@ class StandIn:
                         ids = completion(body["prompt"], body["seed"], j, body["max_tokens"])
                         choices.append({"index": j, "text": "", "token_ids": ids,
                                         "logprobs": {"token_logprobs": [-0.25 * (k + 1) for k in range(len(ids))]}})
-                    model = "policy-v0" if server.lie else body["model"]
+                    model = "policy-stale-v0" if server.lie else body["model"]
                     return self._send(200, {"model": model, "choices": choices[::-1]})  # (any order: index says)
                 return self._send(404, {"detail": "Not Found"})
 
@@ -164,22 +174,50 @@ def test_the_adapter_is_pushed_once_per_change_under_a_new_version_and_the_old_o
     model = peft_model()
     sample(engine, model, batch(2))
     sample(engine, model, batch(2))
-    assert (engine.version, engine.syncs, a.loads, b.loads) == (1, 1, ["policy-v1"], ["policy-v1"])
+    v1 = f"policy-{engine.run_id}-v1"
+    assert (engine.version, engine.syncs, a.loads, b.loads) == (1, 1, [v1], [v1])
     with torch.no_grad():
         next(p for n, p in model.named_parameters() if "lora_B" in n).add_(0.1)
     sample(engine, model, batch(2))
-    assert (engine.version, a.loads, list(a.adapters), list(b.adapters)) == (2, ["policy-v1", "policy-v2"],
-                                                                              ["policy-v2"], ["policy-v2"])
-    assert not (tmp_path / "policy-v1").exists() and (tmp_path / "policy-v2" / "adapter_config.json").is_file()
+    v2 = f"policy-{engine.run_id}-v2"
+    assert (engine.version, a.loads, list(a.adapters), list(b.adapters)) == (2, [v1, v2], [v2], [v2])
+    assert not (tmp_path / v1).exists() and (tmp_path / v2 / "adapter_config.json").is_file()
 
 
 def test_a_sample_of_another_policy_version_is_refused(servers, tmp_path):
-    """A server that answers under another adapter's name (policy-v0, while v1 is current) would hand the update a
-    rollout of another policy: one line naming the server and both versions."""
+    """A server that answers under another adapter's name (policy-stale-v0, while this run's v1 is current) would hand
+    the update a rollout of another policy: one line naming the server and both versions."""
     liar = servers(lie=True)
     engine = VLLMServerEngine([liar.url], model_name=BASE, adapter_dir=tmp_path)
-    with pytest.raises(ModelError, match=r"answered with 'policy-v0', not the current policy version 'policy-v1'"):
+    with pytest.raises(ModelError, match=rf"answered with 'policy-stale-v0', not the current policy version "
+                                         rf"'policy-{engine.run_id}-v1'"):
         sample(engine, peft_model(), batch(1))
+
+
+def test_a_second_run_on_the_same_servers_loads_adapters_of_its_own(servers, tmp_path):
+    """Two runs (or a run and its resumption) on one server: each names its adapters policy-<run id>-v<n>, so the
+    second's version 1 is not the first's, which the server still holds (vLLM refuses a name it has loaded: the first
+    version of this engine named them policy-v<n>, and a second run stopped at the first name the earlier run had
+    left). Both sample."""
+    a = servers()
+    model = peft_model()
+    first = VLLMServerEngine([a.url], model_name=BASE, adapter_dir=tmp_path / "one")
+    second = VLLMServerEngine([a.url], model_name=BASE, adapter_dir=tmp_path / "two")
+    sample(first, model, batch(1))
+    sample(second, model, batch(1))
+    assert first.run_id != second.run_id and len(a.loads) == 2 and len(set(a.loads)) == 2
+
+
+def test_a_server_that_cannot_load_the_adapter_is_a_setting_not_a_dead_server(servers, tmp_path):
+    """model.lora.r 4 against a server started with --max-lora-rank 2: vLLM answers the load with a 500, though it is
+    up. One line naming the server, vLLM's reason and the fix; the server is not dropped as dead (which would have
+    ended in "no other server is left", whose advice cannot help)."""
+    a = servers(max_lora_rank=2)
+    engine = VLLMServerEngine([a.url], model_name=BASE, adapter_dir=tmp_path)
+    with pytest.raises(ModelError, match=r"failed to load the adapter \(HTTP 500: LoRA rank 4 is greater than "
+                                         r"max_lora_rank 2.\); is model.lora.r above the server's --max-lora-rank"):
+        sample(engine, peft_model(), batch(1))
+    assert engine.live == [a.url]
 
 
 def test_a_server_that_dies_mid_run_leaves_the_rollout_to_the_others(servers, tmp_path, caplog):
@@ -260,6 +298,7 @@ def test_another_data_parallel_process_waits_for_the_main_ones_adapter(servers, 
     a = servers()
     main = VLLMServerEngine([a.url], model_name=BASE, adapter_dir=tmp_path, is_main=True)
     other = VLLMServerEngine([a.url], model_name=BASE, adapter_dir=tmp_path / "unused", is_main=False)
+    other.run_id = main.run_id  # (under torch.distributed the main process's id is broadcast)
     model = peft_model()
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("out", sample(other, model, batch(2, seeds=[1, 2]))))
@@ -268,11 +307,11 @@ def test_another_data_parallel_process_waits_for_the_main_ones_adapter(servers, 
     assert thread.is_alive() and a.loads == []  # waiting: nothing pushed yet
     mine = sample(main, model, batch(2, seeds=[1, 2]))
     thread.join(timeout=30)
-    assert not thread.is_alive() and a.loads == ["policy-v1"] and other.version == main.version == 1
+    assert not thread.is_alive() and a.loads == [main.adapter_name] and other.version == main.version == 1
     assert torch.equal(result["out"].completion_ids, mine.completion_ids)
     late = VLLMServerEngine([a.url], model_name=BASE, is_main=False, wait_seconds=0.5)
     with torch.no_grad():
         next(p for n, p in model.named_parameters() if "lora_B" in n).add_(0.1)
-    late.version, late._stamp = 1, main._stamp  # it saw version 1; the weights changed, the main process never pushed
-    with pytest.raises(ModelError, match=r"did not get adapter policy-v2 from the main process within 0 s"):
+    late.version, late._stamp, late.run_id = 1, main._stamp, main.run_id  # it saw version 1; the weights changed since
+    with pytest.raises(ModelError, match=rf"did not get adapter policy-{main.run_id}-v2 from the main process within 0 s"):
         sample(late, model, batch(1))
