@@ -70,7 +70,8 @@ def _check(args: argparse.Namespace, extra: list[str]) -> None:
         raise PrefzooError(f"--tiny-hidden-size {args.tiny_hidden_size}: the tiny model has 4 attention heads, so a "
                            "multiple of 4 (vLLM's CPU attention also needs a head size of 32 or more: 128).")
     looks_like_path = args.model.startswith((".", "/", "~")) or "\\" in args.model
-    if args.model not in ("smollm2", "tiny") and looks_like_path and not (Path(args.model).expanduser() / "config.json").is_file():
+    folder = Path(args.model).expanduser()
+    if args.model not in ("smollm2", "tiny") and looks_like_path and not (folder / "config.json").is_file():
         raise PrefzooError(f"--model {args.model}: no model folder there (no config.json); give a folder holding a "
                            "Hugging Face model, a hub id, smollm2 or tiny.")
     for item in extra:
@@ -179,9 +180,9 @@ def main(argv: list[str]) -> int:
         print(shown)
         return 0
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"prefzoo serve: {command[command.index('--served-model-name') + 1]} from {folder} on "
-          f"http://{host}:{args.port} (train with rollout.engine=vllm_server rollout.servers=[http://{host}:{args.port}])"
-          f"\n  {shown}", flush=True)
+    url = f"http://{host}:{args.port}"
+    print(f"prefzoo serve: {command[command.index('--served-model-name') + 1]} from {folder} on {url} (train with "
+          f"rollout.engine=vllm_server rollout.servers=[{url}])\n  {shown}", flush=True)
     os.execve(command[0], command, {**os.environ, **env})
     return 0  # (not reached)
 

@@ -11,13 +11,15 @@ How a rollout goes (:meth:`VLLMServerEngine.sample`):
 
 1. **Weights** (the main process): the policy version v counts the adapters the servers were given. When any trainable
    tensor changed since the last rollout (an optimizer step, a checkpoint load: the tensors' version counters, as the
-   in-process vLLM engine watches them), v goes up by one, the LoRA adapter is saved to ``<adapter_dir>/policy-v<v>``
-   (peft's format, a few MB) and every live server loads it under the name ``policy-v<v>``
-   (``POST /v1/load_lora_adapter``); then the previous version is unloaded. So every optimizer step reaches the next
-   rollout, and the frozen base weights are never touched. ``adapter_dir`` must be a folder every server reads at the
-   same path: any folder on one machine, a shared file system (NFS, Lustre) across machines. Other data-parallel
-   processes push nothing: they wait until the servers list ``policy-v<v>`` (``GET /v1/models``), which every
-   process computes alike (the same optimizer steps change the same tensors).
+   in-process vLLM engine watches them), v goes up by one, the LoRA adapter is saved to
+   ``<adapter_dir>/policy-<run>-v<v>`` (peft's format, a few MB) and every live server loads it under that name
+   (``POST /v1/load_lora_adapter``); then the previous version is unloaded. The names carry a random id per run, so a
+   second or resumed run never meets the names an earlier one left loaded (vLLM refuses a name it holds). So every
+   optimizer step reaches the next rollout, and the frozen base weights are never touched. ``adapter_dir`` must be a
+   folder every server reads at the same path: any folder on one machine, a shared file system (NFS, Lustre) across
+   machines. Other data-parallel processes push nothing: they wait until the servers list the name (``GET
+   /v1/models``), which every process computes alike (the same optimizer steps change the same tensors; the run id
+   is the launch's, :func:`_shared_run_id`).
 2. **Prompts** are split in contiguous, near-equal shares over the live servers; each prompt is one
    ``POST /v1/completions`` request whose ``prompt`` is its token ids (left padding stripped: token in), with
    ``n = num_samples`` and the prompt's seed (:data:`~prefzoo.types.ROLLOUT_SEED_COLUMN`, or one drawn from the
@@ -71,16 +73,18 @@ ADAPTER_PREFIX = "policy-"
 
 
 def _shared_run_id() -> str:
-    """A random id for this run's adapter names, the same on every data-parallel process (the main process's,
-    broadcast: every process builds its engine at the same point of the set-up)."""
+    """A random id for this run's adapter names, the same on every data-parallel process: the launch's
+    (``PREFZOO_LAUNCH_ID``, process 0's random token, broadcast when the processes met:
+    :func:`prefzoo.training.distributed.setup_data_parallel`; not a collective here, since the engines are built
+    one process after the other), else a new one (one process)."""
+    import os
     import secrets
 
     import torch.distributed as dist
 
-    run_id = [secrets.token_hex(4)]
-    if dist.is_available() and dist.is_initialized():
-        dist.broadcast_object_list(run_id, src=0)
-    return run_id[0]
+    if dist.is_available() and dist.is_initialized() and os.environ.get("PREFZOO_LAUNCH_ID"):
+        return os.environ["PREFZOO_LAUNCH_ID"]
+    return secrets.token_hex(4)
 
 
 def served_model_name(name: str, *, tiny_hidden_size: int = 64, tiny_layers: int = 2, seed: int = 0) -> str:
@@ -138,9 +142,9 @@ def check_servers(urls: list[str], model_name: str, need_tokens: int, timeout: f
                 answer.raise_for_status()
                 models = answer.json()["data"]
             except httpx.HTTPError as err:
+                port = urlparse(url).port or (443 if url.startswith("https") else 80)
                 raise ConfigError(f"{where}={url}: no vLLM server answers there ({_reason(err)}); start one with "
-                                  f"`prefzoo serve --model ... --port {urlparse(url).port or (443 if url.startswith('https') else 80)}` or fix the "
-                                  "address.") from None
+                                  f"`prefzoo serve --model ... --port {port}` or fix the address.") from None
             except (ValueError, KeyError, TypeError):
                 models = None
             if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
@@ -161,8 +165,8 @@ def check_servers(urls: list[str], model_name: str, need_tokens: int, timeout: f
                                   f"{model_name!r}; {fix}.")
             length = names[model_name].get("max_model_len")
             if isinstance(length, int) and length < need_tokens:
-                raise ConfigError(f"{where}={url} serves {model_name!r} with a context of {length} tokens, shorter than "
-                                  f"data.max_prompt_length + max_new_tokens = {need_tokens}; restart it with "
+                raise ConfigError(f"{where}={url} serves {model_name!r} with a context of {length} tokens, shorter "
+                                  f"than data.max_prompt_length + max_new_tokens = {need_tokens}; restart it with "
                                   f"--max-model-len {need_tokens} or more.")
             try:  # the route exists (405: it takes POST) only when runtime LoRA loading is on
                 status = http.get(f"{url}/v1/load_lora_adapter").status_code
@@ -204,7 +208,8 @@ class VLLMServerEngine:
         self.live = list(self.servers)
         self.model_name = model_name
         self._own_dir = adapter_dir is None
-        self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else Path(tempfile.mkdtemp(prefix="prefzoo-adapters-"))
+        self.adapter_dir = (Path(adapter_dir) if adapter_dir is not None
+                            else Path(tempfile.mkdtemp(prefix="prefzoo-adapters-")))
         self.timeout, self.wait_seconds = float(timeout), float(wait_seconds)
         self._is_main = is_main
         # this run's adapter names, policy-<run>-v<version>: a second run (or a resumed one) on the same servers never
@@ -246,7 +251,8 @@ class VLLMServerEngine:
                 message = answer.text
             if answer.status_code >= 500:
                 raise _ServerDown(f"HTTP {answer.status_code}: {_one_line(message)}")
-            raise ModelError(f"the vLLM server {url} refused {path} (HTTP {answer.status_code}): {_one_line(message, 300)}")
+            raise ModelError(f"the vLLM server {url} refused {path} (HTTP {answer.status_code}): "
+                             f"{_one_line(message, 300)}")
         try:
             return answer.json()
         except ValueError:
@@ -271,7 +277,8 @@ class VLLMServerEngine:
             raise ModelError(f"the vLLM server {url} stopped answering ({why}) and no other server is left; the run "
                              "stops here (its last checkpoint is whole: restart the servers and rerun with "
                              "trainer.resume=true).")
-        log.warning("the vLLM server %s stopped answering (%s); the rollouts continue on the %d other(s)", url, why, left)
+        log.warning("the vLLM server %s stopped answering (%s); the rollouts continue on the %d other(s)", url, why,
+                    left)
 
     # ------------------------------------------------------------------ weights
     def sync(self, model: nn.Module) -> bool:
@@ -297,7 +304,8 @@ class VLLMServerEngine:
         model.save_pretrained(str(folder))
         for url in list(self.live):
             try:
-                self._post(url, "/v1/load_lora_adapter", {"lora_name": self.adapter_name, "lora_path": str(folder.resolve())})
+                self._post(url, "/v1/load_lora_adapter",
+                           {"lora_name": self.adapter_name, "lora_path": str(folder.resolve())})
             except _ServerDown as err:
                 if self._answers(url):  # up, but it could not load this adapter: the run's setting, not a dead server
                     raise ModelError(f"the vLLM server {url} failed to load the adapter ({err}); is model.lora.r above "

@@ -309,6 +309,10 @@ class DataParallel:
             AcceleratorState._reset_state(reset_partial_state=True)
 
 
+#: the environment variable holding a data-parallel launch's shared random id (:func:`setup_data_parallel`)
+LAUNCH_ID_ENV = "PREFZOO_LAUNCH_ID"
+
+
 def setup_data_parallel(cfg, device: torch.device | None = None) -> DataParallel:
     """Check the launch (:func:`check_launch`) and, when the launcher started several processes, create
     accelerate's :class:`~accelerate.Accelerator` (process group, rank, device); else a single-process
@@ -348,6 +352,11 @@ def setup_data_parallel(cfg, device: torch.device | None = None) -> DataParallel
                       .lower() in _TRUE)
     log.info("data parallel: process %d of %d on %s (%s)", dp.rank, dp.world_size, dp.device,
              "FSDP2" if fsdp else accelerator.distributed_type)
+    # one random id for this launch, process 0's on every process: what needs a name all processes agree on without
+    # a collective of its own (rollout.engine=vllm_server's adapter names, built inside main_process_first blocks)
+    import secrets
+
+    os.environ[LAUNCH_ID_ENV] = dp.broadcast_object(secrets.token_hex(4))
     return dp
 
 
