@@ -12,7 +12,7 @@ sampling, scoring (proxy + gold), the policy's log-prob/entropy pass and the ref
 ``--plain`` measures the evaluation as it was before issue 32: the reward model's plain pass (adapter unmerged, rows
 padded) instead of :class:`~prefzoo.rewards.model.RewardModelFunction`'s fast one (adapter merged, rows packed,
 prompts shared), and the policy's log-prob/entropy pass over the samples instead of the sampler's own values
-(``SamplingParams.report_entropy``).
+(``eval.sampler_logps``, on in the recipe).
 """
 
 from __future__ import annotations
@@ -51,13 +51,11 @@ def main() -> int:
         reward_model.reward_model_function = lambda path: reward_model.RewardModelFunction(
             reward_model.find_reward_model(path), fast=False)
     cfg = compose(["+recipe=overoptimisation_word", "+recipe/overoptimisation_points=grpo_beta0",
-                   f"reward.path={args.reward_path}", f"trainer.num_threads={args.threads}", "trainer.progress=false",
+                   f"eval.sampler_logps={not args.plain}", f"reward.path={args.reward_path}", f"trainer.num_threads={args.threads}", "trainer.progress=false",
                    f"eval.num_problems={args.prompts}", f"eval.diversity_prompts={args.prompts}",
                    f"eval.batch_size={args.batch_size}"])
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="bench-eval-")))
     ev = trainer.evaluator
-    if args.plain:
-        ev.policy.engine.exact = False  # the sampler reports no log-probs / entropies: the policy's pass runs
     parts: dict[str, float] = {}
 
     def timed(obj, name: str, label: str) -> None:

@@ -17,10 +17,16 @@ Metrics (keys of the returned dict):
 * ``preference_accuracy`` (+ ``_se``): held-out pairs whose implicit reward ranks chosen above rejected
   (a tie counts one half: before DPO training every pair ties, which is chance, 0.5).
 
-The policy's log-probs and entropies of the samples come from the sampler itself when it is the policy up to float32
-rounding (the hf engine on the model or its merged copy in the model's dtype: ``SamplingParams.report_entropy``),
-which saves a pass of the policy over every sample; otherwise (vLLM, a sampler in another dtype, multi-turn episodes)
-from a pass of the policy over the samples.
+With ``eval.sampler_logps`` the policy's log-probs and entropies of the samples come from the sampler itself when it
+is the policy up to float32 rounding (the hf engine on the model or its merged copy in the model's dtype:
+``SamplingParams.report_entropy``), which saves a pass of the policy over every sample (measured: a point of the
+over-optimisation design 123 s -> 78 s of sampled metrics with the reward model's fast path, bench/bench_eval.py).
+The price is a bias: the decode loop's incremental attention is not the full pass's arithmetic, and on SmolLM2 its
+log-probs are higher by 8.3e-6 nats per token on average (mean |difference| 8.7e-6, max 3.6e-5, entropies within
+4.3e-5: measured at the untrained policy, 64 samples), so a KL estimate gains ~3e-4 nats per 37-token completion: at
+the reference d = sqrt(KL) reads 0.017 instead of 0. Negligible where KL is large (the over-optimisation recipes
+turn it on: at d = 0.1 the error on d is 0.0015), not where it is small (a policy that hardly moved), so it is off by
+default; otherwise (off, vLLM, a sampler in another dtype, multi-turn episodes) a pass of the policy over the samples.
 
 Policies without per-token log-probs. A policy sets ``tractable_logps`` (part of the policy interface:
 True for :class:`~prefzoo.models.policy.CausalLMPolicy`; False for best-of-n (best-of-n:
@@ -158,7 +164,8 @@ class Evaluator:
     @torch.no_grad()
     def sampled_metrics(self) -> dict:
         k, n = self.cfg.diversity_samples, min(self.cfg.diversity_prompts, len(self.prompts))
-        params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens, report_entropy=True)
+        params = SamplingParams(temperature=1.0, max_new_tokens=self.cfg.max_new_tokens,
+                                report_entropy=self.cfg.sampler_logps)
         texts_all, rewards, gold, kl1, kl3, ent, lengths = [], [], [], [], [], [], []
         tractable = self.policy.tractable_logps
         has_ref = tractable and self.policy.reference is not None

@@ -108,6 +108,8 @@ def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[
 
     data = {k: v for k, v in plain(cfg.data).items() if k != "pairs"}
     evaluation = {k: v for k, v in plain(cfg.eval).items() if k not in _WHEN}
+    if not evaluation.get("sampler_logps"):  # the default (a pass of the policy): the keys before it existed
+        evaluation.pop("sampler_logps", None)
     parts = {"version": VERSION, "algo": cfg.algo.name, "model": plain(cfg.model), "data": data,
              "reward": {k: v for k, v in plain(cfg.reward).items() if k not in SHAPING_KEYS}, "eval": evaluation, "rollout": _rollout_part(plain(cfg.rollout)),
              "model_files": model_files(cfg.model.name), "seed": cfg.trainer.seed, "reference": bool(reference),

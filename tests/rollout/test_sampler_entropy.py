@@ -61,8 +61,9 @@ def test_the_samplers_log_probs_and_entropies_are_the_policys(merged):
 
 
 def test_the_evaluation_gives_the_same_kl_and_entropy_with_the_samplers_values(tmp_path):
-    """A GRPO Trainer on the tiny model, 2 steps at a large learning rate on a reward with spread (the share of letters
-    in the answer: the tiny model never answers arithmetic right), so that KL > 0: the held-out evaluation's
+    """eval.sampler_logps=true. A GRPO Trainer on the tiny model, 2 steps at a large learning rate on a reward with
+    spread (the share of letters in the answer: the tiny model never answers arithmetic right), so that KL > 0: the
+    held-out evaluation's
     kl_k1, kl_k3 and entropy from the sampler's values equal those of the policy's pass on the same samples
     (exact=False forces the pass; the same seeded samples) within 1e-5."""
     from prefzoo.training.loop import Trainer
@@ -70,7 +71,8 @@ def test_the_evaluation_gives_the_same_kl_and_entropy_with_the_samplers_values(t
 
     trainer = Trainer(compose(TINY_RUN + ["algo=grpo", "trainer.lr=0.05", "trainer.warmup_steps=0", "reward=sentiment",
                                           'reward.functions=["tests.algos.hydra_runs:letter_share"]',
-                                          "eval.diversity_prompts=2", "eval.diversity_samples=3"]), tmp_path)
+                                          "eval.diversity_prompts=2", "eval.diversity_samples=3",
+                                          "eval.sampler_logps=true"]), tmp_path)
     for _ in range(2):
         trainer.train_step()
         trainer.step += 1
@@ -81,3 +83,15 @@ def test_the_evaluation_gives_the_same_kl_and_entropy_with_the_samplers_values(t
     for key in ("kl_k1", "kl_k3", "entropy"):
         assert fast[key] == pytest.approx(slow[key], abs=1e-5), key
     assert fast["sample_reward"] == slow["sample_reward"] and fast["completion_length"] == slow["completion_length"]
+
+
+def test_off_by_default_the_evaluation_runs_the_policys_pass(tmp_path):
+    """eval.sampler_logps=false (the default): the samples come back without the sampler's values, so KL and entropy
+    are the policy pass's (exactly 0 KL for the untrained LoRA policy, whose adapter-off reference is the same
+    arithmetic)."""
+    from prefzoo.training.loop import Trainer
+    from tests.algos.hydra_runs import TINY_RUN, compose
+
+    trainer = Trainer(compose(TINY_RUN + ["algo=grpo"]), tmp_path)
+    assert trainer.cfg.eval.sampler_logps is False
+    assert trainer.evaluator.policy_metrics()["kl_k1"] == 0.0

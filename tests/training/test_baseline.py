@@ -35,7 +35,8 @@ CHANGES = [["model.lora.r=8"], ["model.dtype=bfloat16"], ["model.fast.fused_logp
            ["data.digits=3"], ["data.seed=1"], ["data.num_eval=100"], ["data.answer_format=number"],
            ["reward.functions=[format]"], ["eval.num_problems=100"], ["eval.max_new_tokens=32"],
            ["eval.diversity_samples=8"], ["eval.gold_reward.functions=[correctness]"], ["eval.ood.digits=3"],
-           ["rollout.kv_cache=dynamic"], ["rollout.dtype=bfloat16"], ["trainer.seed=1"], ["algo=simpo"]]
+           ["rollout.kv_cache=dynamic"], ["rollout.dtype=bfloat16"], ["trainer.seed=1"], ["algo=simpo"],
+           ["eval.sampler_logps=true"]]
 #: settings that do not: how the policy trains, when it is evaluated, the pairs it trains on
 KEEPS = [["trainer.lr=1e-4"], ["objective.beta=0.3"], ["trainer.max_steps=80"], ["eval.after=false"],
          ["eval.every=10"], ["eval.steps=[1,2]"], ["data.pairs.num_prompts=640"], ["data.pairs.seed=3"],
