@@ -135,3 +135,26 @@ def test_the_fewpairs_design_and_a_reused_proxy(fluency_sweep, tmp_path):
     assert not (tmp_path / "reward_model").exists()
     grpo = json.loads((tmp_path / "1-grpo" / "summary.json").read_text())
     assert grpo["gold_reward"] == ["sentiment"] and (tmp_path / "report.md").is_file()
+
+
+def test_the_concise_design_trains_two_proxies_and_pools_the_runs(tmp_path):
+    """overoptimisation_concise_small with `data.pairs.seed=0,1` and both policy seeds (the full recipe's grid, tiny
+    sizes): one proxy per pairs seed in reward_model_0 / reward_model_1, each built with the conciseness-biased
+    annotator and that seed (its config.yaml); every GRPO job scores with its own proxy (its reward.path); the report
+    pools the 4 GRPO runs (one row per evaluation step they share) and gives the pre-registered test at the recipe's
+    peak d."""
+    proc = multirun("overoptimisation_concise_small", tmp_path, "trainer.max_steps=2", "eval.steps=[1]",
+                    "data.pairs.seed=0,1", "+recipe/overoptimisation_points=grpo_beta0,grpo_beta0_seed1")
+    for seed in (0, 1):
+        rm = yaml.safe_load((tmp_path / f"reward_model_{seed}" / "config.yaml").read_text())
+        assert (rm["data"]["pairs"]["annotator"], rm["data"]["pairs"]["seed"], rm["trainer"]["seed"]) == (
+            "shorter", seed, seed)
+        assert f"proxy reward model (data.pairs.seed={seed})" in proc.stdout
+    jobs = sorted(p.name for p in tmp_path.iterdir() if (p / ".hydra").is_dir())
+    assert len(jobs) == 4 and all("proxy" in j for j in jobs)
+    for job in jobs:
+        cfg = yaml.safe_load((tmp_path / job / "config.yaml").read_text())
+        assert cfg["reward"]["path"] == str(tmp_path / f"reward_model_{cfg['data']['pairs']['seed']}")
+    text = (tmp_path / "report.md").read_text()
+    assert "grpo β=0 pooled over 4 runs" in text and "### The pre-registered test (pooled runs)" in text
+    assert "closest to d = 0.35" in text
