@@ -430,7 +430,7 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
     plt = _plt()
     groups = [g for g in (("best-of-n", [("best-of-n", points["bon"])] if points["bon"] else []),
                           ("RL", list(points["rl"].items()))) if g[1]]
-    fig, axes = plt.subplots(2, len(groups), figsize=(6 * len(groups), 8), sharex="col", squeeze=False)
+    fig, axes = plt.subplots(2, len(groups), figsize=(9.5 * len(groups), 8), sharex="col", squeeze=False)
     fitted = {(f["series"], f["reward"]): f["fit"] for f in fits}
     for col, (title, series) in enumerate(groups):
         rl = title == "RL"
@@ -445,8 +445,11 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
                 if gold_peak is not None and gold_peak[0] < max(p[0] for p in pts):  # gold's peak before the end
                     ax.axvline(gold_peak[0], color=color, ls="--", lw=0.8, alpha=0.7,
                                label=f"gold peak (measured), d={gold_peak[0]:.2f}")
-                ax.plot([p[0] for p in pts], [p[idx] for p in pts], "o:" if rl else "s", color=color, lw=0.8,
-                        label=f"{name}: measured" + (" (in step order)" if rl else ""))
+                ses = [p[5] if which == "gold" and len(p) > 5 and is_number(p[5]) else 0.0 for p in pts]
+                ax.errorbar([p[0] for p in pts], [p[idx] for p in pts], yerr=ses if any(ses) else None,
+                            fmt="o:" if rl else "s", color=color, lw=0.8, capsize=2, elinewidth=0.6,
+                            label=f"{name}: measured" + (" (in step order)" if rl else "")
+                            + (" ± 1 s.e." if any(ses) else ""))
                 f = fitted.get((name, which))
                 if f is not None:
                     grid = np.linspace(0, max(p[0] for p in pts) * 1.05, 200)
@@ -461,8 +464,8 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
                 ax.set_xlabel(D_LABEL + ("\n(best-of-n: analytic log n − (n−1)/n)" if not rl else
                                          "\n(RL: k1 estimate, one point per evaluation during training)"), fontsize=8)
             ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:  # beside the panel: inside, it hid the points
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.suptitle("Overoptimisation (Gao et al. 2023):" + (" " if len(groups) > 1 else "\n")
                  + "gold and proxy reward against d = sqrt(KL)")
     return _save(fig, path, plt)

@@ -132,8 +132,9 @@ def overoptimisation_section(points: dict, fits: list[dict], bon_vs_rl: list[dic
              "Gold = `gold_sample_reward`, proxy = `sample_reward` (the run's reward), both means over temperature-1 "
              "samples of held-out prompts; d = sqrt(KL(π ‖ π_ref)): best-of-n the analytic log n − (n−1)/n, RL the k1 "
              "estimate at each evaluation during training (step 0 = the reference). Fits by least squares on the "
-             "rewards minus the reward at d = 0 "
-             f"(gold {fmt(points['gold0'])}, proxy {fmt(points['proxy0'])}): best-of-n R(d) = d(a − b·d), "
+             "rewards minus the reward at d = 0 (an RL run's own evaluation before training; best-of-n: the mean of "
+             f"the d = 0 points, gold {fmt(points['gold0'])}, proxy {fmt(points['proxy0'])}): "
+             "best-of-n R(d) = d(a − b·d), "
              "RL R(d) = d(a − b·log d) (Gao et al. 2023, eq. 1–2), ± one standard error (least squares: "
              "s²(XᵀX)⁻¹, s² = RSS/(n − 2); the peak's by the delta method). Fitted peak: d* = a/(2b) (best-of-n) or "
              "exp(a/b − 1) (RL), reward at the peak = baseline + R(d*); none when b ≤ 0 (still rising).\n",

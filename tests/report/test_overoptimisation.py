@@ -179,3 +179,22 @@ def test_the_preregistered_test_fixes_the_peak_by_d_not_by_gold():
     flat = preregistered_verdict(pts((0.010,) * 5, (0.003,) * 5), peak_d=0.48)
     assert flat["verdict"] == "refuted" and flat["detectable"] == pytest.approx(3 * math.sqrt(2) * 0.003)
     assert preregistered_verdict(pts((0.010,) * 5, (0.006,) * 5), peak_d=0.48)["verdict"] == "not decided"
+
+
+def test_each_rl_run_is_fitted_from_its_own_start():
+    """Two RL runs against DIFFERENT proxies (two reward models: their scores of the same reference differ) start
+    from proxy 1.0 and 3.0. Each run's proxy rises exactly as d (a - b log d) with a = 2, b = 1 from its own start, so
+    its fit must give a = 2, b = 1 and pass through its own start at d = 0 (not through the mean of the two starts,
+    2.0, which would bend both fits: the bug the report had). Gold is the same verifier for both: start 0.05."""
+    from prefzoo.report.overoptimisation import fit_overoptimisation
+
+    ds = (0.0, 0.2, 0.5, 1.0, 1.5)
+    runs = {}
+    for name, start in (("low", 1.0), ("high", 3.0)):
+        runs[name] = [_point(d, 0.05, start + float(predict("rl", d, 2.0, 1.0)), i, 0.01) for i, d in enumerate(ds)]
+    points = {"bon": [], "rl": runs, "gold0": 0.05, "proxy0": 2.0}
+    fits = {(f["series"], f["reward"]): f["fit"] for f in fit_overoptimisation(points)}
+    for name, start in (("low", 1.0), ("high", 3.0)):
+        f = fits[(name, "proxy")]
+        assert (f.a, f.b) == pytest.approx((2.0, 1.0), abs=1e-9)
+        assert float(f(np.array([0.0]))[0]) == pytest.approx(start)
