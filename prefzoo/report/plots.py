@@ -430,7 +430,7 @@ def plot_overoptimisation(points: dict, fits: list[dict], path: Path) -> Path | 
     plt = _plt()
     groups = [g for g in (("best-of-n", [("best-of-n", points["bon"])] if points["bon"] else []),
                           ("RL", list(points["rl"].items()))) if g[1]]
-    fig, axes = plt.subplots(2, len(groups), figsize=(9.5 * len(groups), 8), sharex="col", squeeze=False)
+    fig, axes = plt.subplots(2, len(groups), figsize=(8.5 * len(groups), 8), sharex="col", squeeze=False)
     fitted = {(f["series"], f["reward"]): f["fit"] for f in fits}
     for col, (title, series) in enumerate(groups):
         rl = title == "RL"
