@@ -198,13 +198,19 @@ def overoptimisation_points(runs: list[dict]) -> dict:
 
 def fit_overoptimisation(points: dict) -> list[dict]:
     """Least-squares fits (Gao et al. 2023) of gold and proxy reward: best-of-n with d(a - b d) on all BoN
-    points, each RL run with d(a - b log d) on its trajectory. Rewards relative to the d = 0 baseline: an RL run's
-    own evaluation before training where it has one (runs against different proxies start from different proxy
-    scores; a shared mean would bend every fit), else the mean of all d = 0 points (``gold0``, ``proxy0``)."""
+    points, each RL run with d(a - b log d) on its trajectory. Rewards relative to the d = 0 baseline: the series'
+    own reference where it has one -- an RL run's evaluation before training, best-of-n's best-of-1 (runs against
+    different proxies start from different proxy scores; a shared mean would bend every fit) -- else the mean of all
+    d = 0 points (``gold0``, ``proxy0``)."""
     out = []
     series = [("best-of-n", "bon", points["bon"])] + [(name, "rl", pts) for name, pts in points["rl"].items()]
     for name, form, pts in series:
-        start = pts[0] if form == "rl" and pts and pts[0][3] == 0 else None
+        if form == "rl":
+            start = pts[0] if pts and pts[0][3] == 0 else None
+        else:  # best-of-1: the mean of its points (one per best-of-1 run)
+            ones = [p for p in pts if p[4] == 1]
+            start = (None, *(sum(p[c] for p in ones) / len(ones) if all(p[c] is not None for p in ones) else None
+                             for c in (1, 2))) if ones else None
         for which, col, base in (("gold", 1, points["gold0"]), ("proxy", 2, points["proxy0"])):
             if start is not None and start[col] is not None:
                 base = start[col]

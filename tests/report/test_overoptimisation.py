@@ -198,3 +198,22 @@ def test_each_rl_run_is_fitted_from_its_own_start():
         f = fits[(name, "proxy")]
         assert (f.a, f.b) == pytest.approx((2.0, 1.0), abs=1e-9)
         assert float(f(np.array([0.0]))[0]) == pytest.approx(start)
+
+
+def test_best_of_n_is_fitted_from_its_own_best_of_1():
+    """Best-of-n against one proxy: best-of-1 (the reference, d = 0) scores 4.0 on it; n = 2, 4, 8 sit at the
+    analytic d = sqrt(log n - (n-1)/n) on 4 + d (a - b d) with a = 14, b = 5. RL runs against another proxy start at
+    -4.7, so the mean of all d = 0 points (-0.35) is no baseline for either: the best-of-n fit must give a = 14,
+    b = 5 exactly and pass through 4.0 at d = 0."""
+    from prefzoo.report.overoptimisation import fit_overoptimisation
+
+    bon = [(0.0, 0.03, 4.0, None, 1, 0.01, None)]
+    for n in (2, 4, 8):
+        d = math.sqrt(math.log(n) - (n - 1) / n)
+        bon.append((d, 0.05, 4.0 + float(predict("bon", d, 14.0, 5.0)), None, n, 0.01, None))
+    rl = {"other proxy": [_point(0.0, 0.05, -4.7, 0, 0.01), _point(0.5, 0.06, -4.0, 1, 0.01),
+                          _point(1.0, 0.06, -3.0, 2, 0.01)]}
+    points = {"bon": bon, "rl": rl, "gold0": 0.04, "proxy0": -0.35}
+    f = {(x["series"], x["reward"]): x["fit"] for x in fit_overoptimisation(points)}[("best-of-n", "proxy")]
+    assert (f.a, f.b) == pytest.approx((14.0, 5.0), abs=1e-9)
+    assert float(f(np.array([0.0]))[0]) == pytest.approx(4.0)
