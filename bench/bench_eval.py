@@ -51,7 +51,8 @@ def main() -> int:
         reward_model.reward_model_function = lambda path: reward_model.RewardModelFunction(
             reward_model.find_reward_model(path), fast=False)
     cfg = compose(["+recipe=overoptimisation_word", "+recipe/overoptimisation_points=grpo_beta0",
-                   f"eval.sampler_logps={not args.plain}", f"reward.path={args.reward_path}", f"trainer.num_threads={args.threads}", "trainer.progress=false",
+                   f"eval.sampler_logps={not args.plain}", f"reward.path={args.reward_path}",
+                   f"trainer.num_threads={args.threads}", "trainer.progress=false",
                    f"eval.num_problems={args.prompts}", f"eval.diversity_prompts={args.prompts}",
                    f"eval.batch_size={args.batch_size}"])
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="bench-eval-")))

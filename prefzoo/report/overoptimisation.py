@@ -205,15 +205,11 @@ def fit_overoptimisation(points: dict) -> list[dict]:
     out = []
     series = [("best-of-n", "bon", points["bon"])] + [(name, "rl", pts) for name, pts in points["rl"].items()]
     for name, form, pts in series:
-        if form == "rl":
-            start = pts[0] if pts and pts[0][3] == 0 else None
-        else:  # best-of-1: the mean of its points (one per best-of-1 run)
-            ones = [p for p in pts if p[4] == 1]
-            start = (None, *(sum(p[c] for p in ones) / len(ones) if all(p[c] is not None for p in ones) else None
-                             for c in (1, 2))) if ones else None
+        # the series' own reference: an RL run's step 0, best-of-n's best-of-1 points (one per best-of-1 run)
+        own = ([pts[0]] if pts and pts[0][3] == 0 else []) if form == "rl" else [p for p in pts if p[4] == 1]
         for which, col, base in (("gold", 1, points["gold0"]), ("proxy", 2, points["proxy0"])):
-            if start is not None and start[col] is not None:
-                base = start[col]
+            if own and all(p[col] is not None for p in own):
+                base = sum(p[col] for p in own) / len(own)
             pts_ok = [p for p in pts if p[col] is not None]
             if sum(p[0] > 0 for p in pts_ok) < 2:
                 continue
