@@ -26,12 +26,16 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
+# both cores: pytest-xdist workers, one torch thread each (tests/conftest.py); TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(XDIST) $(ARGS)
 
 # the formula, plugin, architecture and config tests, no model runs (marker `fast`, tests/conftest.py): under 2 minutes
 test-fast: $(STAMP)
-	$(PY) -m pytest -m fast $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(XDIST) -m fast $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -37,23 +37,46 @@ def test_the_entropy_of_the_distribution_a_token_is_drawn_from_by_hand():
     assert _choose(logits, SamplingParams(), None, u)[2] is None  # not asked: not computed
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("merged", [True, False])
 def test_the_samplers_log_probs_and_entropies_are_the_policys(merged):
-    """A LoRA policy (tiny model) samples 3 prompts x 3 at temperature 1 with report_entropy: the sampler's log-prob of
-    each token and the entropy of each step equal the policy's pass over the same tokens (policy.logps with
-    with_entropy) within 1e-5 nats -- from the merged copy (float32 rounding of W + sBA) and from the model itself.
-    A sampler in another dtype (exact=False) reports neither: the evaluation then runs the pass."""
-    model = lora_model(dtype=torch.float32)
+    """A LoRA policy (tiny model, V = 49152) samples 3 prompts x 3 at temperature 1 with report_entropy: the sampler's
+    log-prob of each token and the entropy of each step equal the policy's pass over the same tokens (policy.logps with
+    with_entropy), from the merged copy and from the model itself. A sampler in another dtype (exact=False) reports
+    neither: the evaluation then runs the pass.
+
+    The bound, derived (tests/bounds.py). The model runs in float64, so the logits of both paths agree to ~1e-14; what
+    differs is the last stage: the sampler rounds its logits z to float32 and takes the log-softmax and the entropy
+    in float32 (DESIGN.md: log-probs in float32), the policy's pass in float64, rounded once at the end. The float32
+    stage sums V terms twice (probabilistic bound, lambda = 10, failure probability < 1e-16):
+    * the log-sum-exp: S = sum_v exp(z_v - max z) >= 1, relative error e_S <= lambda sqrt(V) u32 = 1.32e-4, so
+      |d log p| <= e_S + 2 u32 max|z| (z rounded, then the max subtracted) + u32 |log p| (the pass's final rounding);
+    * the entropy H = -sum_v p_v log p_v (V terms of one sign, their sum H): each p_v log p_v moves by at most
+      |d log p| (1 + |log p_v|) p_v, so H moves by |d log p| (1 + H), plus the sum's own lambda sqrt(V) u32 H.
+    Measured: 9.5e-7 and 7.6e-6 nats (1 and 2 threads), against bounds ~1.3e-4 and ~2.7e-3. The float32 model (the
+    first version of this test) adds the rounding of two decoder layers taken in another order (the KV-cached decode
+    against the full pass), which has no short derivation: 1.4e-5 at 2 threads, past the round 1e-5 it was given.
+    What the bound still catches: another temperature, another position or another support moves log-probs by 1e-2 to 1."""
+    from tests.bounds import U32, probable_sum_bound
+
+    model = lora_model(dtype=torch.float64)
     engine = HFEngine(merged_copy if merged else None)
     policy = CausalLMPolicy(model, tokenizer(), engine=engine, generator=torch.Generator().manual_seed(0))
     s = policy.sample(prompt_batch(PROMPTS), 3, SamplingParams(temperature=1.0, max_new_tokens=8, report_entropy=True))
     assert s.sample_logps is not None and s.sample_entropy is not None
     with torch.no_grad():
         logps, entropy = policy.logps(s, with_entropy=True)
+        logits = model(input_ids=torch.cat([s.prompt_ids, s.completion_ids], 1), attention_mask=s.attention_mask()).logits
     mask = s.completion_mask
+    vocab = logits.shape[-1]
+    max_logit = float(logits.abs().max())
+    e_lse = probable_sum_bound(vocab, 1.0)
+    logp_bound = e_lse + 2 * U32 * max_logit + U32 * float(logps[mask].abs().max())
+    h_max = float(entropy[mask].max())
+    entropy_bound = logp_bound * (1 + h_max) + probable_sum_bound(vocab, h_max)
     gap_logps = (logps - s.sample_logps)[mask].abs().max().item()
     gap_entropy = (entropy - s.sample_entropy)[mask].abs().max().item()
-    assert gap_logps < 1e-5 and gap_entropy < 1e-5, (gap_logps, gap_entropy)
+    assert gap_logps <= logp_bound and gap_entropy <= entropy_bound, (gap_logps, logp_bound, gap_entropy, entropy_bound)
     assert bool((s.sample_entropy[mask] > 0).all()) and bool((s.sample_entropy[~mask] == 0).all())
     engine.exact = False
     s = policy.sample(prompt_batch(PROMPTS), 3, SamplingParams(temperature=1.0, max_new_tokens=8, report_entropy=True))
