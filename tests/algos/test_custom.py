@@ -14,7 +14,7 @@ import pytest
 from prefzoo.algos import REGISTRY, get_algorithm, load_target
 from prefzoo.errors import ConfigError, PluginError
 from tests import background
-from tests.test_cli import FIXTURE, ROOT, TINY_RUN
+from tests.test_cli import ROOT, TINY_RUN
 
 EXAMPLES = ROOT / "docs" / "examples"
 

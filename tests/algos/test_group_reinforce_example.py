@@ -32,17 +32,20 @@ def test_the_doc_shows_the_example_this_file_runs_and_it_is_40_lines():
 def test_group_baseline_advantages_and_the_reinforce_loss_by_hand(plugin):
     """Rewards [1, 0, 0, 1 | 0, 0, 0, 1] in groups of G = 4: means 0.5 and 0.25, so A = [0.5, -0.5, -0.5, 0.5 |
     -0.25, -0.25, -0.25, 0.75] on every token of each completion (0 on padding). The loss on a token is -A log pi
-    of that token (REINFORCE), nothing clipped; with beta = 0 no KL term and no reference."""
+    of that token (REINFORCE), nothing clipped; with beta = 0 no KL term and no reference. Compared exactly (kind 1,
+    no rounding): the 0/1 rewards, their group means and the centred rewards are dyadic, exact in float32, and the
+    loss is one product -A log pi of the same float32 operands on both sides."""
     algo = plugin(plugin.config_class(num_samples=4), ObjectiveSettings(beta=0.0))
     assert algo.name == "group_reinforce" and not algo.declaration.reference
     policy = TwoTokenPolicy(with_reference=False)
     exp, metrics = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 0, 0, 1]))
     want = torch.tensor([0.5, -0.5, -0.5, 0.5, -0.25, -0.25, -0.25, 0.75])[:, None].expand(8, 3)
-    torch.testing.assert_close(exp.advantages, want.masked_fill(~exp.completion_mask, 0.0))
+    torch.testing.assert_close(exp.advantages, want.masked_fill(~exp.completion_mask, 0.0), rtol=0, atol=0)
     out = algo.loss(policy, exp)
     logps = policy.logps(exp)[0].detach()
-    torch.testing.assert_close(out.values.detach(), (-want * logps).masked_fill(~exp.completion_mask, 0.0))
-    assert out.token_metrics["clip_fraction"][0] == 0.0 and metrics["reward"] == pytest.approx(3 / 8)
+    torch.testing.assert_close(out.values.detach(), (-want * logps).masked_fill(~exp.completion_mask, 0.0),
+                               rtol=0, atol=0)
+    assert out.token_metrics["clip_fraction"][0] == 0.0 and metrics["reward"] == 3 / 8
 
 
 def test_its_checks_refuse_a_group_of_one_and_several_updates(plugin):

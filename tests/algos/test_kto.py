@@ -5,6 +5,17 @@ z0 = max(0, mean of r over mismatched (prompt, completion) pairs), detached; a d
 lambda_D (1 - sigma(beta (r - z0))), an undesirable one's lambda_U (1 - sigma(beta (z0 - r))); the batch loss is
 their mean. The policy is a stub whose log-prob of a completion token depends on the token and, where a test says
 so, on the prompt (the last prompt token): every r below is a sum of table entries.
+
+Tolerances (tests/bounds.py, kind 1: every claim here is exact). The stub's tables are float64 and KTO keeps float64
+through (``sequence_logps``, ``kto_loss``, z0 and the metrics as Python floats; the class weights pass through
+float32, exactly for the 1, 2 and 0.5 used here), so each value is its formula to a few roundings of numbers below 3
+(u64 = 1.1e-16 relative each): against an exact fraction (1/3, 0.625, 0.15) or the formula evaluated by
+:func:`sigmoid` the bound is 1e-12, over 1000x that rounding. Against a hand value written to 7 decimals it is 1e-6:
+the written value is off by at most 6e-8 (one rounding, or two for 0.9916668 = 2 x 0.4958334), 16x below, and a wrong
+formula moves these values by 1e-3 or more. The written values themselves are checked against :func:`sigmoid` within
+1e-7 (one 7-decimal rounding, <= 5e-8). With the former float32 tables the values sat 3e-8 to 6e-8 from the written
+ones (measured 2026-12-06), float32 rounding and the written value's together: 17x below 1e-6 at best, with no
+derivation behind either bound.
 """
 
 import logging
@@ -35,20 +46,20 @@ def sigmoid(x: float) -> float:
 
 
 class StubPolicy:
-    """log pi(y_t | x) = theta[x, y_t], log pi_ref(y_t | x) = ref[x, y_t] (x = the prompt's last token).
+    """log pi(y_t | x) = theta[x, y_t], log pi_ref(y_t | x) = ref[x, y_t] (x = the prompt's last token), in float64.
 
     ``tokens`` sets theta[:, t] for every prompt (a token-only policy); ``pairs`` sets theta[x, t] itself.
     The reference gives every token -1 unless ``ref`` says otherwise."""
 
     def __init__(self, tokens: dict[int, float] = {}, pairs: dict[tuple[int, int], float] = {}, ref: float = -1.0,
                  vocab: int = 16):
-        self.theta = torch.zeros(vocab, vocab)
+        self.theta = torch.zeros(vocab, vocab, dtype=torch.float64)
         for t, v in tokens.items():
             self.theta[:, t] = v
         for (x, t), v in pairs.items():
             self.theta[x, t] = v
         self.theta.requires_grad_(True)
-        self.ref = torch.full((vocab, vocab), ref)
+        self.ref = torch.full((vocab, vocab), ref, dtype=torch.float64)
         self.reference = "table"
 
     def _rows(self, batch: SequenceBatch) -> torch.Tensor:
@@ -101,16 +112,16 @@ def test_loss_hand_values():
       B undesirable: 1 - sigma(0.1 (1/3 + 1))   = 1 - sigma(0.1333333) = 1 - 0.5332840 = 0.4667160
       C desirable:   1 - sigma(0.1 (1.5 - 1/3)) = 1 - sigma(0.1166667) = 1 - 0.5291336 = 0.4708664"""
     out = losses_of(kto(), StubPolicy(TOKENS), rows(*ABC))
-    assert out.mask is None and out.metrics["kl"] == pytest.approx(1 / 3, abs=1e-6)
-    torch.testing.assert_close(out.values.detach(), torch.tensor([0.4958334, 0.4667160, 0.4708664]), rtol=0,
-                               atol=1e-6)
+    assert out.mask is None and out.metrics["kl"] == pytest.approx(1 / 3, abs=1e-12)
+    want = torch.tensor([0.4958334, 0.4667160, 0.4708664], dtype=torch.float64)
+    torch.testing.assert_close(out.values.detach(), want, rtol=0, atol=1e-6)
 
 
 def test_weights_scale_each_class():
     """lambda_D = 2, lambda_U = 0.5: the same rows' losses times their class weight: 0.9916668, 0.2333580, 0.9417327."""
     out = losses_of(kto(desirable_weight=2.0, undesirable_weight=0.5), StubPolicy(TOKENS), rows(*ABC))
-    torch.testing.assert_close(out.values.detach(), torch.tensor([0.9916668, 0.2333580, 0.9417327]), rtol=0,
-                               atol=1e-6)
+    want = torch.tensor([0.9916668, 0.2333580, 0.9417327], dtype=torch.float64)
+    torch.testing.assert_close(out.values.detach(), want, rtol=0, atol=1e-6)
 
 
 def test_gradients_hand_values_and_z0_is_detached():
@@ -122,9 +133,9 @@ def test_gradients_hand_values_and_z0_is_detached():
     policy = StubPolicy(TOKENS)
     accumulate_gradients(kto(), policy, rows(*ABC), micro_batch_size=3)
     grad = policy.theta.grad[5:8].sum(0)  # the three prompts' rows of the table
-    torch.testing.assert_close(grad[1:5], torch.tensor([-0.0083328, -0.0083328, 0.0082964, -0.0166101]), rtol=0,
-                               atol=1e-6)
-    assert float(policy.theta.grad.abs().sum()) == pytest.approx(float(grad[1:5].abs().sum()), abs=1e-7)
+    torch.testing.assert_close(grad[1:5], torch.tensor([-0.0083328, -0.0083328, 0.0082964, -0.0166101],
+                                                       dtype=torch.float64), rtol=0, atol=1e-6)
+    assert float(policy.theta.grad.abs().sum()) == pytest.approx(float(grad[1:5].abs().sum()), abs=1e-12)
 
 
 @pytest.mark.parametrize("b", [2, 3, 5])
@@ -146,29 +157,32 @@ def test_z0_reads_each_prompt_with_the_next_rows_completion():
     other rotation (1,6), (2,4), (3,5) are 0 in the table.)"""
     policy = StubPolicy(pairs={(1, 5): 0.2, (2, 6): 0.4, (3, 4): -0.3}, ref=0.0)
     batch = rows((1, (4,), True), (2, (5,), False), (3, (6,), True))
-    assert step_statistics(kto(), policy, batch, 3)["kl"] == pytest.approx(0.1, abs=1e-7)
+    assert step_statistics(kto(), policy, batch, 3)["kl"] == pytest.approx(0.1, abs=1e-12)
 
 
 #: ABC and D = (4, 4, 2): -1.5 + 3 = 1.5, undesirable
 FOUR = [*ABC, (8, (4, 4, 2), False)]  # D: -0.25 - 0.25 - 1 + 3 = 1.5 (undesirable)
 
 
+@pytest.mark.numerics
 def test_z0_of_two_micro_batches_is_the_whole_steps_and_gives_the_same_loss_and_gradients():
     """r = 0.5, -1, 1.5, 1.5 (FOUR), beta = 1. One z0 for the step: mean 2.5 / 4 = 0.625. Per micro-batch of 2 it
     would be max(0, (0.5 - 1)/2) = 0 for A, B and 1.5 for C, D: other losses (A: 1 - sigma(0.5) = 0.3775407 instead of
     1 - sigma(-0.125) = 0.5312094; the batch loss 0.4116206 instead of 0.4239315). Micro-batches of 2 and of 1 give the
-    loss and the gradients of one batch of 4."""
+    loss and the gradients of one batch of 4: each gradient entry is then a sum of at most 4 row terms (< 0.5 each)
+    taken in another order, in float64 (<= 3 u64 x 2 = 7e-16, sum_bound), within 1e-12; measured 0 at 1 and 2
+    threads (2026-12-06)."""
     grads, totals = [], []
     for size in (4, 2, 1):
         policy, algo = StubPolicy(TOKENS), kto(beta=1.0)
         m = mean_metrics(accumulate_gradients(algo, policy, rows(*FOUR), micro_batch_size=size))
-        assert m["kl"] == pytest.approx(0.625, abs=1e-6)
+        assert m["kl"] == pytest.approx(0.625, abs=1e-12)
         grads.append(policy.theta.grad.clone())
         totals.append(m["loss"])
     want = (1 - sigmoid(0.5 - 0.625) + 1 - sigmoid(0.625 + 1) + 1 - sigmoid(1.5 - 0.625) + 1 - sigmoid(0.625 - 1.5)) / 4
-    assert want == pytest.approx(0.4239315, abs=1e-7) and totals == pytest.approx([want] * 3, abs=1e-6)
-    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-7)
-    torch.testing.assert_close(grads[2], grads[0], rtol=0, atol=1e-7)
+    assert want == pytest.approx(0.4239315, abs=1e-7) and totals == pytest.approx([want] * 3, abs=1e-12)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grads[2], grads[0], rtol=0, atol=1e-12)
 
 
 def test_z0_is_clamped_after_averaging_over_the_step():
@@ -180,9 +194,9 @@ def test_z0_is_clamped_after_averaging_over_the_step():
     batch = rows((5, (3, 3), True), (6, (3,), False), (7, (1,), True), (8, (1, 1), False))
     policy, algo = StubPolicy(TOKENS), kto(beta=1.0)
     m = mean_metrics(accumulate_gradients(algo, policy, batch, micro_batch_size=2))
-    assert m["kl"] == pytest.approx(-0.375, abs=1e-6)
+    assert m["kl"] == pytest.approx(-0.375, abs=1e-12)
     want = (1 - sigmoid(-2.0) + 1 - sigmoid(1.0) + 1 - sigmoid(0.5) + 1 - sigmoid(-1.0)) / 4
-    assert want == pytest.approx(0.5645844, abs=1e-7) and m["loss"] == pytest.approx(want, abs=1e-6)
+    assert want == pytest.approx(0.5645844, abs=1e-7) and m["loss"] == pytest.approx(want, abs=1e-12)
 
 
 def test_z0_is_averaged_over_processes_before_the_clamp():
@@ -194,7 +208,7 @@ def test_z0_is_averaged_over_processes_before_the_clamp():
     local = [torch.tensor([list(algo.step_statistics(policy, h, 2)["kl"])], dtype=torch.float64) for h in halves]
     for me, other in ((0, 1), (1, 0)):
         stats = step_statistics(algo, policy, halves[me], 2, all_reduce=lambda t, o=other: t + local[o])
-        assert stats["kl"] == pytest.approx(-0.375, abs=1e-7)
+        assert stats["kl"] == pytest.approx(-0.375, abs=1e-12)
 
 
 def test_one_row_is_refused_and_a_process_without_rows_adds_nothing():
@@ -221,21 +235,22 @@ def test_metrics_keep_trls_meaning():
         want = {"rewards/chosen": 0.1, "rewards/rejected": 0.025, "rewards/margins": 0.075, "logps/chosen": -1.0,
                 "logps/rejected": -1.75, "count/desirable": 2.0, "count/undesirable": 2.0}
         for k, v in want.items():
-            assert m[k] == pytest.approx(v, abs=1e-6), (size, k)
+            assert m[k] == pytest.approx(v, abs=1e-12), (size, k)
 
 
 def test_rewards_are_zero_at_the_reference():
     policy = StubPolicy(ref=-1.0, tokens={t: -1.0 for t in range(16)})
     out = losses_of(kto(), policy, rows(*ABC))
-    assert out.metrics["kl"] == 0.0 and out.token_metrics["rewards/chosen"][0] == 0.0
-    torch.testing.assert_close(out.values.detach(), torch.full((3,), 0.5))  # 1 - sigma(0)
+    assert out.metrics["kl"] == 0.0 and out.token_metrics["rewards/chosen"][0] == 0.0  # -1 - (-1): no rounding
+    torch.testing.assert_close(out.values.detach(), torch.full((3,), 0.5, dtype=torch.float64), rtol=0,
+                               atol=1e-12)  # 1 - sigma(0)
 
 
 def test_held_out_rewards_are_beta_log_ratios():
     """A pair with chosen (4, 4) (r 1.5) and rejected (3,) (r -1): implicit rewards 0.15 and -0.1."""
     pair = collate_preferences([PreferenceExample([5], [4, 4], [3])], [0], 0)
     chosen, rejected = kto().implicit_rewards(StubPolicy(TOKENS), pair)
-    assert float(chosen) == pytest.approx(0.15, abs=1e-6) and float(rejected) == pytest.approx(-0.1, abs=1e-6)
+    assert float(chosen) == pytest.approx(0.15, abs=1e-12) and float(rejected) == pytest.approx(-0.1, abs=1e-12)
 
 
 @pytest.mark.parametrize("counts,weights,warns", [
@@ -266,7 +281,10 @@ def test_class_balance_warning(caplog, counts, weights, warns):
 def test_unset_desirable_weight_is_balanced_from_the_class_counts(caplog, counts, undesirable_weight, expected):
     """algo.desirable_weight unset -> lambda_D = lambda_U n_U / n_D, so lambda_D n_D / (lambda_U n_U) = 1 (the
     paper's recommended range [1, 4/3], sec. 4.1, at its lower end); the loss then uses it: one desirable row at
-    log-ratio 0 with z0 = 0 loses lambda_D (1 - sigma(0)) = lambda_D / 2."""
+    log-ratio 0 with z0 = 0 loses lambda_D (1 - sigma(0)) = lambda_D / 2. lambda_D is Python float arithmetic (one
+    multiplication and one division: <= 2 u64 = 2.2e-16 relative, bound 1e-12); the loss's weight goes through
+    float32 (``kto_loss`` builds it with ``torch.where`` of Python floats, whatever the input's dtype): one rounding,
+    <= u32 = 6e-8 relative (measured 4.7e-8 at 8.41), bound 1e-6."""
     algo = KTO(KTOConfig(undesirable_weight=undesirable_weight), resolve_objective(Config(algo=KTOConfig())))
     with caplog.at_level(logging.INFO, logger="prefzoo.algos.kto"):
         algo.check_data({"desirable": counts[0], "undesirable": counts[1]})
@@ -366,7 +384,8 @@ def test_two_steps_on_an_unpaired_file_from_the_command_line(cli_runs):
     rc, stdout, stderr, run_dir = cli_runs["file"]
     assert rc == 0, stderr[-3000:]
     first, second = _metrics(run_dir)
-    assert first["kl"] == 0.0 and first["loss"] == pytest.approx(0.5, abs=1e-6) and first["rewards/chosen"] == 0.0
+    # exact: with every log-ratio exactly 0 nothing is rounded (sigma(0) = 1/2, means of equal values)
+    assert first["kl"] == 0.0 and first["loss"] == 0.5 and first["rewards/chosen"] == 0.0
     assert first["count/desirable"] + first["count/undesirable"] == 2.0 and second["kl"] != 0.0
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
     assert "76 unpaired training rows (38 desirable, 38 undesirable)" in stderr + stdout

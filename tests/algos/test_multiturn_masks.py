@@ -7,6 +7,11 @@ or a per-token normaliser would move when they move. Each test perturbs them by 
 does: the reduced loss, every gradient, every logged metric, to the last bit. A control test shows the perturbation is
 seen where it should be: the same rows with the environment's tokens counted as the policy's (the "wrong" layout) give
 another loss.
+
+Tolerances: none, by design (tests/bounds.py, kind 1: exact where no rounding differs). Both runs do the same float
+operations in the same order on the same values at the policy's tokens; the environment's enter only where a mask
+replaces them by exact zeros (0 x a finite value, ``torch.where``, ``masked_fill``). So a correct plugin gives the same
+bits, at any thread count, and any difference at all is a leak: the comparisons are ``==`` and ``torch.equal``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,16 @@
 """Online DPO plugin: pairs from two samples per prompt ranked by the reward (ties dropped and counted), the DPO
-loss on them by hand, the Bradley-Terry judge's per-prompt draws, and a 2-step run on the tiny model."""
+loss on them by hand, the Bradley-Terry judge's per-prompt draws, and a 2-step run on the tiny model.
+
+Tolerances (tests/bounds.py, kind 1: the hand cases are exact). The stub's table is float64; the pair metrics and the
+KL are float64 sums (prefzoo/algos/pairwise.py), within 1e-12 of their formulas, over 1000x the float64 rounding
+(u64 = 1.1e-16 relative). The losses are computed in float64 and rounded ONCE to float32 (``losses.float()`` there):
+a loss is within u32 = 6e-8 of its formula relative to its size, its gradient (through that cast, with the float32
+upstream 1/3) within 2 u32; both are held to 1e-6 relative, 16x and 8x that worst case. A float32 mean of the 3
+losses (>= 0) adds two additions and a division, 4 u32 = 2.4e-7 relative in all (held to 1e-6 relative against the
+formula); a hand value written to 7 decimals is off by at most 1.5e-7 (three rounded terms summed): against those the
+bound is 1e-6 absolute, 3x the worst case of both together (<= 3.1e-7). ``frac_ties``, a float32 mean of booleans, is
+one rounding: 1e-6 relative, 16x. The tie's loss and gradient are exactly 0 (weight 0): compared exactly.
+"""
 
 from __future__ import annotations
 
@@ -23,11 +34,14 @@ def _one_torch_thread():
 
 class PairPolicy:
     """Three prompts x 2 samples, one token each (ids 0..5 = rows), log pi = a trainable table per row and
-    log pi_ref = log pi - rho with rho = (0.2, -0.1 | 0.0, 0.5 | 0.3, 0.3)."""
+    log pi_ref = log pi - rho with rho = (0.2, -0.1 | 0.0, 0.5 | 0.25, 0.25), in float64. Rows 4 and 5 are binary
+    fractions (log pi -0.75 and -1.0), so their log-ratios log pi - (log pi - rho) are exactly 0.25 and pair 2's margin
+    exactly 0: its accuracy (margin > 0) does not hang on a rounding. (With rho 0.3 and log pi -0.7, -0.9 the margin
+    was 0 up to rounding: -3.0e-8 in float32, +5.6e-17 in float64, which counted the pair as right.)"""
 
     def __init__(self):
-        self.logp = torch.nn.Parameter(torch.tensor([-1.0, -2.0, -0.5, -1.5, -0.7, -0.9]))
-        self.rho = torch.tensor([0.2, -0.1, 0.0, 0.5, 0.3, 0.3])
+        self.logp = torch.nn.Parameter(torch.tensor([-1.0, -2.0, -0.5, -1.5, -0.75, -1.0], dtype=torch.float64))
+        self.rho = torch.tensor([0.2, -0.1, 0.0, 0.5, 0.25, 0.25], dtype=torch.float64)
         self.reference = object()
 
     def sample(self, prompts, n, params):
@@ -57,22 +71,22 @@ def test_pairs_by_reward_with_the_tie_dropped_and_the_dpo_loss_by_hand():
     """Prompt 0: rewards (0, 1): row 1 chosen, row 0 rejected. Prompt 1: (0.5, 0.5): a tie, weight 0 (its order,
     the second sample first since the first does not win strictly, does not matter). Prompt 2:
     (0.9, 0.2): row 4 chosen. Sigmoid loss at beta 0.5 on margin = beta (rho_w - rho_l): pair 0: 0.5 (-0.1 - 0.2)
-    = -0.15 -> log(1 + e^0.15) = 0.770957; pair 2: 0.5 (0.3 - 0.3) = 0 -> log 2 = 0.693147; the tie: 0. Mean over
+    = -0.15 -> log(1 + e^0.15) = 0.770957; pair 2: 0.5 (0.25 - 0.25) = 0 -> log 2 = 0.693147; the tie: 0. Mean over
     the 3 pairs: (0.770957 + 0.693147)/3. accuracies over the 2 untied pairs: (0 + 0)/2 (margins -0.15 and 0)."""
     algo, policy = make(), PairPolicy()
     batch, m = algo.make_experience(policy, PROMPTS, REWARDS)
     assert batch.chosen.completion_ids[:, 0].tolist() == [1, 3, 4] and batch.rejected.completion_ids[:, 0].tolist() == [0, 2, 5]
-    assert batch.weights.tolist() == [1.0, 0.0, 1.0] and m["frac_ties"] == pytest.approx(1 / 3)
+    assert batch.weights.tolist() == [1.0, 0.0, 1.0] and m["frac_ties"] == pytest.approx(1 / 3, rel=1e-6)
     out = algo.loss(policy, batch)
-    want = [math.log1p(math.exp(0.15)), 0.0, math.log(2.0)]
-    torch.testing.assert_close(out.values.detach(), torch.tensor(want))
+    want = [math.log1p(math.exp(0.15)), 0.0, math.log(2.0)]  # the tie's 0 is exact (weight 0)
+    torch.testing.assert_close(out.values.detach().double(), torch.tensor(want, dtype=torch.float64), rtol=1e-6, atol=0)
     loss = aggregate_loss(out.values, None, "example_mean", 3.0)
     assert float(loss) == pytest.approx(sum(want) / 3, rel=1e-6)
     total, count = out.token_metrics["rewards/margins"]
-    assert (total / count, count) == (pytest.approx(-0.075), 2.0)
+    assert (total / count, count) == (pytest.approx(-0.075, abs=1e-12), 2.0)
     assert out.token_metrics["rewards/accuracies"] == (0.0, 2.0)
-    # k1 drift from the summed log-probs, over all 6 samples: mean of rho = 1.2 / 6
-    assert out.token_metrics["kl"][0] / out.token_metrics["kl"][1] == pytest.approx(0.2)
+    # k1 drift from the summed log-probs, over all 6 samples: mean of rho = 1.1 / 6
+    assert out.token_metrics["kl"][0] / out.token_metrics["kl"][1] == pytest.approx(1.1 / 6, abs=1e-12)
 
 
 def test_the_tied_pair_gets_no_gradient():
@@ -83,8 +97,8 @@ def test_the_tied_pair_gets_no_gradient():
     out = algo.loss(policy, batch)
     aggregate_loss(out.values, None, "example_mean", 3.0).backward()
     s = 1 / (1 + math.exp(-0.15))
-    want = torch.tensor([0.5 * s / 3, -0.5 * s / 3, 0.0, 0.0, -0.25 / 3, 0.25 / 3])
-    torch.testing.assert_close(policy.logp.grad, want)
+    want = torch.tensor([0.5 * s / 3, -0.5 * s / 3, 0.0, 0.0, -0.25 / 3, 0.25 / 3], dtype=torch.float64)
+    torch.testing.assert_close(policy.logp.grad, want, rtol=1e-6, atol=0)  # the tie's zeros exactly
 
 
 def test_bradley_terry_judge_draws_one_uniform_per_prompt_from_its_rollout_seed():
@@ -142,8 +156,8 @@ def test_exo_pair_without_label_smoothing_is_refused_up_front_as_dpo_refuses_it(
 def test_apo_zero_reads_each_side_by_hand():
     """APO-zero (D'Oosterlinck et al. 2024, eq. 7) on each side's score s = beta log(pi/pi_ref) = 0.5 rho.
     Pair 0: chosen row 1 (rho -0.1, s_w = -0.05), rejected row 0 (rho 0.2, s_l = 0.1):
-    1 - sigma(-0.05) + sigma(0.1) = 1 - 0.4875026 + 0.5249792 = 1.0374766. Pair 2: rows 4 and 5 (rho 0.3 both):
-    1 - sigma(0.15) + sigma(0.15) = 1. The tie (pair 1): 0. Mean over the 3 pairs: 2.0374766 / 3 = 0.6791589.
+    1 - sigma(-0.05) + sigma(0.1) = 1 - 0.4875026 + 0.5249792 = 1.0374766. Pair 2: rows 4 and 5 (rho 0.25 both):
+    1 - sigma(0.125) + sigma(0.125) = 1. The tie (pair 1): 0. Mean over the 3 pairs: 2.0374766 / 3 = 0.6791589.
     (Before: the plugin passed a bare margin, and apo_zero refused it at the first loss.)"""
     policy = PairPolicy()
     algo = make(loss_type="apo_zero")
@@ -156,8 +170,9 @@ def test_apo_zero_reads_each_side_by_hand():
 def test_aot_sorts_only_the_untied_pairs():
     """AOT (paired) sorts the policy's and the reference's margins over the batch and takes -log sigma of the sorted
     differences. Untied pairs: 0 (chosen row 1, rejected row 0) and 2 (rows 4, 5). Policy margins beta (log pi_w -
-    log pi_l): 0.5 (-2.0 + 1.0) = -0.5 and 0.5 (-0.7 + 0.9) = 0.1; reference (log pi_ref = log pi - rho):
-    0.5 (-1.9 + 1.2) = -0.35 and 0.5 (-1.0 + 1.2) = 0.1. Sorted differences: (-0.5 + 0.35, 0.1 - 0.1) = (-0.15, 0),
+    log pi_l): 0.5 (-2.0 + 1.0) = -0.5 and 0.5 (-0.75 + 1.0) = 0.125; reference (log pi_ref = log pi - rho):
+    0.5 (-1.9 + 1.2) = -0.35 and 0.5 (-1.0 + 1.25) = 0.125. Sorted differences: (-0.5 + 0.35, 0.125 - 0.125) =
+    (-0.15, 0),
     losses log(1 + e^0.15) = 0.7709570 and log 2 = 0.6931472; the tie adds 0: mean over 3 pairs 0.4880347. Sorting the
     tie in too (its margins -0.5 and -0.75) would give (0.25, -0.15, 0) and another mean."""
     policy = PairPolicy()

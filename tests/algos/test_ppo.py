@@ -3,6 +3,25 @@ and a tiny end-to-end run through the shared training loop.
 
 The hand cases use a scripted policy whose log-probs, reference log-probs and values are fixed tables, so
 every expected number below is derived in the docstrings, not by the code under test.
+
+Tolerances (tests/bounds.py, kind 1: the hand cases are exact). The tables are float64 and the rollout's and the loss's
+arithmetic keeps float64 but in three places that round to float32 by design: the values (``old_values.float()``
+in prefzoo/algos/ppo.py), the drift metrics (kl, kl_k3: prefzoo/objective/kl.py) and the ratio statistics
+(ratio_mean, approx_kl: prefzoo/objective/surrogate.py). So:
+
+* advantages and returns: the values' rounding, <= u32 x 0.4 = 2.4e-8 each, enters an advantage with total weight
+  <= 2 (V_t itself, and gamma (1 - lambda) / (1 - gamma lambda) <= 1 for the later ones) and a return with <= 1:
+  <= 4.8e-8; whitening (std 0.75) at most doubles it. Bound 1e-6, 10x; measured <= 1.7e-8 (2026-12-06).
+* explained variance, 1 - Var[R - V] / Var[R] = 0.0043: the cancellation amplifies its inputs' errors, by
+  sum |dEV/dR_i| = 5.2 and sum |dEV/dV_i| = 2.6 here: <= 1.9e-7; measured 2.1e-9. Bound 1e-6 absolute (it was 1e-5
+  relative, 4.3e-8: inside that worst case, and 1.6x the 2.65e-8 measured with the former float32 tables).
+* the float32 metrics, from log-ratios that are differences of two log-probs rounded to float32 (|log pi| <= 2.2):
+  kl, summed over <= 3 tokens and averaged over 2 rows, <= 9.4 u32 = 5.6e-7, bound 1e-6; kl_k3, the same through
+  expm1(-r) + r, < 3e-6, bound 1e-5; ratio_mean 1.5 and approx_kl 0.5 - log 1.5 = 0.095, one float32 exp or expm1
+  (1 ulp) per token and a float32 sum of 5, <= 6e-7, bound 1e-6. Measured <= 7.2e-8 (2026-12-06).
+* everything else is float64 (within 1e-12: a few roundings of numbers below 3, u64 = 1.1e-16 each) or exact: means
+  of binary fractions (0.25, 2.5, 0.5, 2.0), counts (3/5), a copy (kl_spent), the reward placed by one float32
+  addition that the expected value repeats.
 """
 
 from __future__ import annotations
@@ -13,7 +32,7 @@ import statistics
 import pytest
 import torch
 
-from prefzoo.types import ObjectiveSettings, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import ObjectiveSettings, PromptBatch, SequenceBatch
 from prefzoo.algos.ppo import PPO, PPOConfig
 from prefzoo.objective import add_sequence_reward
 from prefzoo.types import Experience
@@ -36,15 +55,17 @@ class ScriptedPolicy:
         values V_old:                   row 0 [0.1, 0.2, 0.3 | pad], row 1 [0.4, -0.1 | pad, pad]
 
     ``logps`` returns the trainable table ``self.logp`` (0 on padding, as the protocol says); values and
-    reference log-probs carry GARBAGE on padding to show it never leaks. Row 1 is truncated (no EOS).
+    reference log-probs carry GARBAGE on padding to show it never leaks. Row 1 is truncated (no EOS). float64.
     """
 
     def __init__(self):
+        f64 = dict(dtype=torch.float64)  # the tables in float64 (module docstring, Tolerances)
         self.mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
-        self.logp = torch.nn.Parameter(torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -1.2, 0.0, 0.0]]))
-        rho = torch.tensor([[0.5, -0.2, 0.1, 0.0], [1.0, 0.0, 0.0, 0.0]])
+        self.logp = torch.nn.Parameter(torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -1.2, 0.0, 0.0]], **f64))
+        rho = torch.tensor([[0.5, -0.2, 0.1, 0.0], [1.0, 0.0, 0.0, 0.0]], **f64)
         self.ref = torch.where(self.mask, self.logp.detach() - rho, torch.full_like(rho, GARBAGE))
-        self.value_table = torch.nn.Parameter(torch.tensor([[0.1, 0.2, 0.3, GARBAGE], [0.4, -0.1, GARBAGE, GARBAGE]]))
+        self.value_table = torch.nn.Parameter(torch.tensor([[0.1, 0.2, 0.3, GARBAGE], [0.4, -0.1, GARBAGE, GARBAGE]],
+                                                           **f64))
         self.reference = object()
 
     def sample(self, prompts, n, params):
@@ -99,11 +120,11 @@ def test_sequence_reward_lands_on_the_last_real_token_of_each_row():
     expected[0, 2] += 1.0
     expected[1, 0] += 2.0
     expected[2, 3] += 3.0
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)  # the same float32 additions: exact
     # a hole in the mask: the last True position still gets it
     hole = torch.tensor([[True, False, True, False]])
     torch.testing.assert_close(add_sequence_reward(torch.zeros(1, 4), torch.tensor([5.0]), hole),
-                               torch.tensor([[0.0, 0.0, 5.0, 0.0]]))
+                               torch.tensor([[0.0, 0.0, 5.0, 0.0]]), rtol=0, atol=0)
     with pytest.raises(ObjectiveError):
         add_sequence_reward(torch.zeros(2, 4), torch.zeros(3), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ObjectiveError):
@@ -124,22 +145,22 @@ def test_rollout_rewards_advantages_and_returns_by_hand():
     """
     exp, metrics = experience(make(whiten_advantages=False))
     assert isinstance(exp, Experience)
-    torch.testing.assert_close(exp.advantages, torch.tensor([[0.786725, 0.7755, 0.69, 0.0], [-0.98, -0.4, 0.0, 0.0]]))
-    torch.testing.assert_close(exp.returns, torch.tensor([[0.886725, 0.9755, 0.99, 0.0], [-0.58, -0.5, 0.0, 0.0]]))
+    torch.testing.assert_close(exp.advantages, torch.tensor([[0.786725, 0.7755, 0.69, 0.0], [-0.98, -0.4, 0.0, 0.0]],
+                                                            dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(exp.returns, torch.tensor([[0.886725, 0.9755, 0.99, 0.0], [-0.58, -0.5, 0.0, 0.0]],
+                                                         dtype=torch.float64), rtol=0, atol=1e-6)
     # metrics: score mean 0.25; KL k1 per sequence 0.4 and 1.0 -> 0.7; non-score reward -0.1 * 0.7
-    assert metrics["reward"] == pytest.approx(0.25)
-    assert metrics["kl"] == pytest.approx(0.7)
+    assert metrics["reward"] == 0.25  # (1 - 0.5) / 2: exact
+    assert metrics["kl"] == pytest.approx(0.7, abs=1e-6)
     k3 = lambda r: math.exp(-r) - 1 + r  # noqa: E731
-    assert metrics["kl_k3"] == pytest.approx((k3(0.5) + k3(-0.2) + k3(0.1) + k3(1.0)) / 2, rel=1e-5)
-    assert metrics["non_score_reward"] == pytest.approx(-0.07)
-    assert metrics["reward_total"] == pytest.approx((0.96 - 0.6) / 2)
-    assert metrics["completion_length"] == pytest.approx(2.5)
-    assert metrics["frac_truncated"] == pytest.approx(0.5)
-    assert metrics["entropy"] == pytest.approx(2.0)
+    assert metrics["kl_k3"] == pytest.approx((k3(0.5) + k3(-0.2) + k3(0.1) + k3(1.0)) / 2, abs=1e-5)
+    assert metrics["non_score_reward"] == pytest.approx(-0.07, abs=1e-12)
+    assert metrics["reward_total"] == pytest.approx((0.96 - 0.6) / 2, abs=1e-12)
+    assert metrics["completion_length"] == 2.5 and metrics["frac_truncated"] == 0.5 and metrics["entropy"] == 2.0
     returns = [0.886725, 0.9755, 0.99, -0.58, -0.5]
     values = [0.1, 0.2, 0.3, 0.4, -0.1]
     ev = 1 - statistics.pvariance([r - v for r, v in zip(returns, values)]) / statistics.pvariance(returns)
-    assert metrics["explained_variance"] == pytest.approx(ev, rel=1e-5)
+    assert metrics["explained_variance"] == pytest.approx(ev, abs=1e-6)
 
 
 def test_missing_eos_penalty_and_entropy_bonus_are_rewards():
@@ -148,9 +169,10 @@ def test_missing_eos_penalty_and_entropy_bonus_are_rewards():
     return is the reward-to-go: row 0 [0.1 + 0.2 + 1.05, 0.2 + 1.05, 1.05] = [1.35, 1.25, 1.05],
     row 1 [0.03 - 1.38, -1.38] = [-1.35, -1.38]."""
     exp, metrics = experience(make(beta=0.0, missing_eos_penalty=1.0, entropy_coef=0.1, gae_lambda=1.0, whiten_advantages=False))
-    torch.testing.assert_close(exp.returns, torch.tensor([[1.35, 1.25, 1.05, 0.0], [-1.35, -1.38, 0.0, 0.0]]))
+    torch.testing.assert_close(exp.returns, torch.tensor([[1.35, 1.25, 1.05, 0.0], [-1.35, -1.38, 0.0, 0.0]],
+                                                         dtype=torch.float64), rtol=0, atol=1e-6)
     assert metrics["non_score_reward"] == 0.0
-    assert metrics["entropy_bonus"] == pytest.approx((0.35 + 0.15) / 2)
+    assert metrics["entropy_bonus"] == pytest.approx((0.35 + 0.15) / 2, abs=1e-12)
 
 
 def test_whitening_uses_valid_tokens_only():
@@ -159,12 +181,13 @@ def test_whitening_uses_valid_tokens_only():
     raw = [0.786725, 0.7755, 0.69, -0.98, -0.4]
     mean, std = statistics.fmean(raw), statistics.pstdev(raw)
     exp, _ = experience(make())
-    expected = torch.tensor([[(a - mean) / std for a in raw[:3]] + [0.0], [(a - mean) / std for a in raw[3:]] + [0.0, 0.0]])
-    torch.testing.assert_close(exp.advantages, expected, atol=1e-5, rtol=1e-5)
+    expected = torch.tensor([[(a - mean) / std for a in raw[:3]] + [0.0],
+                             [(a - mean) / std for a in raw[3:]] + [0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(exp.advantages, expected, rtol=0, atol=1e-6)
     policy = ScriptedPolicy()
     with torch.no_grad():
         policy.value_table[1, 3] = -100.0
-    torch.testing.assert_close(experience(make(), policy)[0].advantages, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(experience(make(), policy)[0].advantages, expected, rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------ the loss
@@ -180,19 +203,21 @@ def test_value_loss_clipping_by_hand():
     policy = ScriptedPolicy()
     batch, _ = experience(make(), policy)
     batch.advantages = torch.zeros_like(batch.advantages)
-    batch.old_values = torch.zeros(2, 4)
-    batch.returns = torch.ones(2, 4)
+    batch.old_values = torch.zeros(2, 4, dtype=torch.float64)
+    batch.returns = torch.ones(2, 4, dtype=torch.float64)
     batch.completion_mask = torch.tensor([[True, True, True, False], [False] * 4])
     with torch.no_grad():
-        policy.value_table.copy_(torch.tensor([[0.5, 0.1, -0.5, GARBAGE], [GARBAGE] * 4]))
+        policy.value_table.copy_(torch.tensor([[0.5, 0.1, -0.5, GARBAGE], [GARBAGE] * 4], dtype=torch.float64))
     algo = make(vf_coef=0.5, value_clip_eps=0.2)
     out = algo.loss(policy, batch)
-    torch.testing.assert_close(out.values, torch.tensor([[0.16, 0.2025, 0.5625, 0.0], [0.0] * 4]))
-    assert token_mean(out, "value_clip_fraction") == pytest.approx(1 / 3)
-    assert token_mean(out, "value_loss") == pytest.approx(0.5 * (0.64 + 0.81 + 2.25) / 3)
+    torch.testing.assert_close(out.values, torch.tensor([[0.16, 0.2025, 0.5625, 0.0], [0.0] * 4], dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+    assert token_mean(out, "value_clip_fraction") == 1 / 3  # counts: exact
+    assert token_mean(out, "value_loss") == pytest.approx(0.5 * (0.64 + 0.81 + 2.25) / 3, abs=1e-12)
     assert token_mean(out, "policy_loss") == 0.0 and token_mean(out, "clip_fraction") == 0.0
     out.values.sum().backward()
-    torch.testing.assert_close(policy.value_table.grad, torch.tensor([[0.0, 0.5 * -0.9, 0.5 * -1.5, 0.0], [0.0] * 4]))
+    torch.testing.assert_close(policy.value_table.grad, torch.tensor([[0.0, 0.5 * -0.9, 0.5 * -1.5, 0.0], [0.0] * 4],
+                                                                     dtype=torch.float64), rtol=0, atol=1e-12)
 
 
 def test_policy_clip_and_approx_kl_by_hand():
@@ -206,30 +231,32 @@ def test_policy_clip_and_approx_kl_by_hand():
     out = make().loss(policy, batch)
     a = batch.advantages
     expected_pg = torch.where(a > 0, -1.2 * a, -1.5 * a).masked_fill(~batch.completion_mask, 0.0)
-    assert token_mean(out, "clip_fraction") == pytest.approx(3 / 5)  # row 0 all positive, row 1 negative
-    assert token_mean(out, "policy_loss") == pytest.approx(float(expected_pg.sum() / 5), rel=1e-5)
-    assert token_mean(out, "approx_kl") == pytest.approx(0.5 - math.log(1.5), rel=1e-5)
-    assert token_mean(out, "ratio_mean") == pytest.approx(1.5, rel=1e-5)
+    assert token_mean(out, "clip_fraction") == 3 / 5  # row 0 all positive, row 1 negative (counts: exact)
+    assert token_mean(out, "policy_loss") == pytest.approx(float(expected_pg.sum() / 5), abs=1e-12)
+    assert token_mean(out, "approx_kl") == pytest.approx(0.5 - math.log(1.5), abs=1e-6)
+    assert token_mean(out, "ratio_mean") == pytest.approx(1.5, abs=1e-6)
 
 
 def test_kl_as_loss_moves_the_penalty_out_of_the_reward():
     exp, metrics = experience(make(placement="as_loss", whiten_advantages=False))
     assert metrics["non_score_reward"] == 0.0
     # without the penalty, row 1's rewards are [0, -0.5]: A1 = -0.4, A0 = 0 - 0.1 - 0.4 + 0.95 * -0.4 = -0.88
-    torch.testing.assert_close(exp.advantages[1, :2], torch.tensor([-0.88, -0.4]))
+    torch.testing.assert_close(exp.advantages[1, :2], torch.tensor([-0.88, -0.4], dtype=torch.float64), rtol=0,
+                               atol=1e-6)
     out = make(placement="as_loss").loss(ScriptedPolicy(), exp)
-    assert token_mean(out, "kl_loss") == pytest.approx((0.5 - 0.2 + 0.1 + 1.0) / 5)
+    assert token_mean(out, "kl_loss") == pytest.approx((0.5 - 0.2 + 0.1 + 1.0) / 5, abs=1e-12)
 
 
 def test_adaptive_beta_follows_the_kl():
     """Ziegler et al. 2019: e = clip(KL / target - 1, -0.2, 0.2); beta <- beta (1 + e n / horizon).
     KL 2.0, target 1.0 -> e = 0.2; n = 5, horizon 10 -> beta = 0.05 * 1.1 = 0.055; then KL 0.9 -> e = -0.1,
-    beta = 0.055 * (1 - 0.05) = 0.05225. A fixed controller does not move."""
+    beta = 0.055 * (1 - 0.05) = 0.05225. A fixed controller does not move. (Python floats: a few roundings of
+    u64 = 1.1e-16 relative; bound 1e-12 relative.)"""
     algo = make(beta=0.05, controller="adaptive", target=1.0, horizon=10)
     assert algo.after_step({"kl": 2.0}, 5)["beta_used"] == 0.05
-    assert algo.beta == pytest.approx(0.055)
+    assert algo.beta == pytest.approx(0.055, rel=1e-12)
     algo.after_step({"kl": 0.9}, 5)
-    assert algo.beta == pytest.approx(0.05225)
+    assert algo.beta == pytest.approx(0.05225, rel=1e-12)
     fixed = make(beta=0.05)
     fixed.after_step({"kl": 2.0}, 5)
     assert fixed.beta == 0.05
@@ -259,7 +286,7 @@ def test_ppo_runs_end_to_end_through_the_loop(tmp_path):
                 "value_clip_fraction", "clip_fraction", "approx_kl", "explained_variance", "completion_length"):
         assert key in metrics, key
     # the KL spent so far is this step's rollout KL (what objective.kl_budget compares), reported in the summary
-    assert summary["kl_spent"] == pytest.approx(metrics["kl"])
+    assert summary["kl_spent"] == metrics["kl"]  # a copy: exact
     assert summary["steps"] == 2 and summary["beta"] == 0.05
     assert not torch.equal(value.head.weight, head0)
     assert any(not torch.equal(p, q) for p, q in zip(value.adapter_params, adapter0))

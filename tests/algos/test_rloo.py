@@ -1,5 +1,13 @@
 """RLOO plugin: leave-one-out advantages of the rollout, the KL in the sequence reward, REINFORCE vs the clipped
-surrogate, the settings it refuses, and a 2-step run on the tiny model through the loop."""
+surrogate, the settings it refuses, and a 2-step run on the tiny model through the loop.
+
+Tolerances (tests/bounds.py, kind 1: the hand cases are exact). The stub policies' tables are float64 here
+(:func:`float64_policy`; tests/algos/test_cispo.py's row policy and ratios rebuilt in float64) and RLOO keeps float64 through (the KL
+penalty, the loss, the gradients: a few roundings of numbers below 10, u64 = 1.1e-16 relative each; bound 1e-12), but
+for the advantages, computed in float64 and rounded ONCE to float32 (prefzoo/algos/online.py): <= u32 |A| (|A| <= 3),
+1.8e-7, bound 1e-6, and the expected ones built from 0/1 rewards as float32 tensors are rounded alike (2 u32 apart at
+most). Means of counts and of 0/1 rewards (3/8, ratio_mean 1 = exp(0)) are exact.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,14 @@ def _one_torch_thread():
     yield from one_thread_fixture()
 
 
+def float64_policy() -> TwoTokenPolicy:
+    """tests/algos/test_grpo.py's TwoTokenPolicy (the same random tables) in float64."""
+    policy = TwoTokenPolicy()
+    policy.logits = torch.nn.Parameter(policy.logits.detach().double())
+    policy.ref = policy.ref.double()
+    return policy
+
+
 def make(beta=0.0, estimator="k1", placement="in_reward", **cfg):
     return RLOO(RLOOConfig(**cfg), ObjectiveSettings(beta=beta, kl_estimator=estimator, kl_placement=placement))
 
@@ -28,17 +44,17 @@ def test_leave_one_out_advantages_of_a_rollout_by_hand():
     """beta = 0. Group 1 [1, 0, 0, 1]: a 1's baseline is the mean of (0, 0, 1) = 1/3 -> A = 2/3; a 0's is the mean
     of (1, 0, 1) = 2/3 -> A = -2/3. Group 2 [0, 0, 0, 1]: each 0 sees (0, 0, 1) -> A = -1/3; the 1 sees only
     zeros -> A = 1. Every counted token of a row carries its A (rows have 3, 2, 1, 3 tokens), padding 0."""
-    exp, m = make(num_samples=4).make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 0, 0, 1]))
+    exp, m = make(num_samples=4).make_experience(float64_policy(), PROMPTS, fixed_scores([1, 0, 0, 1, 0, 0, 0, 1]))
     per_row = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3, 1.0])
     want = per_row[:, None].expand(8, 3).masked_fill(~exp.completion_mask, 0.0)
-    torch.testing.assert_close(exp.advantages, want)
-    assert exp.old_logps is None and m["reward"] == pytest.approx(3 / 8) and m["non_score_reward"] == 0.0
+    torch.testing.assert_close(exp.advantages, want, rtol=0, atol=1e-6)
+    assert exp.old_logps is None and m["reward"] == 3 / 8 and m["non_score_reward"] == 0.0
 
 
 def test_the_kl_enters_the_sequence_reward_before_the_baseline():
     """k1 in the reward: R_i = r_i - beta sum_t (log pi - log pi_ref)_t, then A_i = R_i - (sum_group R - R_i)/3,
     computed here with plain Python loops from the policy's own log-probs."""
-    beta, policy = 0.5, TwoTokenPolicy()
+    beta, policy = 0.5, float64_policy()
     r = [1, 0, 0, 1, 0, 1, 0, 0]
     exp, m = make(beta=beta, num_samples=4).make_experience(policy, PROMPTS, fixed_scores(r))
     rho = (policy.logps(exp)[0].detach() - exp.ref_logps).sum(-1).tolist()
@@ -48,8 +64,8 @@ def test_the_kl_enters_the_sequence_reward_before_the_baseline():
         g = shaped[4 * (i // 4): 4 * (i // 4) + 4]
         want.append(shaped[i] - (sum(g) - shaped[i]) / 3)
     got = exp.advantages[torch.arange(8), 0]  # every row has a first token
-    torch.testing.assert_close(got, torch.tensor(want), atol=1e-6, rtol=1e-6)
-    assert m["non_score_reward"] == pytest.approx(-beta * sum(rho) / 8, abs=1e-6)
+    torch.testing.assert_close(got.double(), torch.tensor(want, dtype=torch.float64), rtol=0, atol=1e-6)
+    assert m["non_score_reward"] == pytest.approx(-beta * sum(rho) / 8, abs=1e-12)
     assert "kl_loss" not in make(beta=beta, num_samples=4).loss(policy, exp).token_metrics
 
 
@@ -57,7 +73,7 @@ def test_reinforce_loss_is_minus_advantage_times_log_prob_and_has_the_clipped_su
     """REINFORCE: loss_t = -A log pi_t (value and gradient). With one optimizer step the clipped surrogate's ratio
     is exactly 1, so its gradient is -A grad log pi too: the two reductions (mean per sequence) give the same
     gradient on the logits table, and the clipped one has clip_fraction 0 and ratio_mean 1."""
-    policy = TwoTokenPolicy()
+    policy = float64_policy()
     scores = fixed_scores([1, 0, 0, 1, 0, 1, 0, 0])
     grads = {}
     for loss_name in ("reinforce", "clipped"):
@@ -66,13 +82,14 @@ def test_reinforce_loss_is_minus_advantage_times_log_prob_and_has_the_clipped_su
         out = algo.loss(policy, exp)
         if loss_name == "reinforce":
             logps = policy.logps(exp)[0].detach()
-            torch.testing.assert_close(out.values.detach(), (-exp.advantages * logps).masked_fill(~exp.loss_mask, 0.0))
+            torch.testing.assert_close(out.values.detach(), (-exp.advantages * logps).masked_fill(~exp.loss_mask, 0.0),
+                                       rtol=0, atol=1e-12)
         else:
             assert token_mean(out, "clip_fraction") == 0.0 and token_mean(out, "ratio_mean") == 1.0
         policy.logits.grad = None
         aggregate_loss(out.values, out.mask, "sequence_mean", float(len(exp))).backward()
         grads[loss_name] = policy.logits.grad.clone()
-    torch.testing.assert_close(grads["reinforce"], grads["clipped"])
+    torch.testing.assert_close(grads["reinforce"], grads["clipped"], rtol=0, atol=1e-12)
     assert grads["reinforce"].abs().sum() > 0
 
 
@@ -82,7 +99,7 @@ def test_several_optimizer_steps_need_the_clipped_surrogate_and_store_old_logps(
     with pytest.raises(ConfigError, match="at least 2 completions"):
         make(num_samples=1)
     algo = make(policy_loss="clipped", num_minibatches=2)
-    policy = TwoTokenPolicy()
+    policy = float64_policy()
     exp, _ = algo.make_experience(policy, PROMPTS, fixed_scores([1, 0, 0, 1, 0, 1, 0, 0]))
     assert torch.equal(exp.old_logps, policy.logps(exp)[0].detach())
 
@@ -97,7 +114,8 @@ def test_declaration(aggregation, expected):
 
 
 def test_rloo_runs_two_steps_on_the_tiny_model(tmp_path):
-    """algo=rloo through the training loop (k1 in the reward: a reference, the KL metrics)."""
+    """algo=rloo through the training loop (k1 in the reward: a reference, the KL metrics). REINFORCE keeps no old
+    log-probs: its ratio is exp(0) = 1 exactly."""
     from prefzoo.training.loop import Trainer
 
     cfg = compose(["algo=rloo", "reward=sentiment", LETTER_REWARD, "trainer.max_steps=2", "trainer.lr=0.01"] + TINY_RUN)
@@ -105,7 +123,7 @@ def test_rloo_runs_two_steps_on_the_tiny_model(tmp_path):
     metrics = summary["final_train_metrics"]
     for key in ("reward", "reward_std", "kl", "kl_k3", "clip_fraction", "ratio_mean", "approx_kl", "entropy"):
         assert key in metrics, key
-    assert summary["steps"] == 2 and metrics["ratio_mean"] == pytest.approx(1.0)
+    assert summary["steps"] == 2 and metrics["ratio_mean"] == 1.0
 
 
 @pytest.mark.parametrize("advantage", [2.0, -2.0])
@@ -119,14 +137,18 @@ def test_clipped_sequence_clips_the_whole_completions_ratio_as_trl_does(advantag
     from tests.algos.test_cispo import RowPolicy, hand_batch
 
     policy, batch = RowPolicy(), hand_batch()
+    policy.logp = torch.nn.Parameter(policy.logp.detach().double())  # the same row in float64
+    ratios = torch.tensor([[1.5, 0.9, 0.5, 1.0]], dtype=torch.float64)
+    batch.old_logps = torch.where(batch.completion_mask, policy.logp.detach() - torch.log(ratios), 9.0)
     batch.advantages = torch.where(batch.loss_mask, advantage, 0.0)
     algo = RLOO(RLOOConfig(policy_loss="clipped_sequence", num_minibatches=2), ObjectiveSettings(beta=0.0))
     out = algo.loss(policy, batch)
     clipped = advantage < 0
     want = 1.6 if clipped else -1.35
-    torch.testing.assert_close(out.values.detach(), torch.tensor([[want, want, want, 0.0]]))
+    f64 = dict(dtype=torch.float64)
+    torch.testing.assert_close(out.values.detach(), torch.tensor([[want, want, want, 0.0]], **f64), rtol=0, atol=1e-12)
     aggregate_loss(out.values, out.mask, algo.declaration.aggregation, 1.0).backward()
     grad = 0.0 if clipped else -1.35
-    torch.testing.assert_close(policy.logp.grad, torch.tensor([[grad, grad, grad, 0.0]]))
+    torch.testing.assert_close(policy.logp.grad, torch.tensor([[grad, grad, grad, 0.0]], **f64), rtol=0, atol=1e-12)
     assert token_mean(out, "clip_fraction") == (1.0 if clipped else 0.0)
-    assert token_mean(out, "ratio_mean") == pytest.approx(0.675)
+    assert token_mean(out, "ratio_mean") == pytest.approx(0.675, abs=1e-12)

@@ -37,14 +37,18 @@ def test_conformance_and_toy_train_through_the_one_runner(monkeypatch):
 
 def test_reference_logps_are_filled_in_once_from_the_reference_table():
     """with_reference_logps: the summed reference log-probs of chosen and rejected are log softmax(REF) at the
-    pair's response (one token per response), written out here; pairs that carry them come back unchanged."""
+    pair's response (one token per response), written out here; pairs that carry them come back unchanged. The same
+    float32 log-softmax of the same table: equal bit for bit (kind 1 of tests/bounds.py; measured 0; the bound was
+    assert_close's float32 default, atol 1e-5)."""
     pairs = preference_pairs(TabularBandit(REF, REWARDS), 5, torch.Generator().manual_seed(0))
     algo = runner.build_algorithm("dpo", {}, {}, beta=0.5)
     filled = runner.with_reference_logps(algo, TabularPolicy(REF), pairs)
     rows = pairs.chosen.prompt_ids[:, -1]
     log_ref = torch.log_softmax(REF, -1)
-    torch.testing.assert_close(filled.ref_chosen_logps, log_ref[rows, pairs.chosen.completion_ids[:, 0]])
-    torch.testing.assert_close(filled.ref_rejected_logps, log_ref[rows, pairs.rejected.completion_ids[:, 0]])
+    torch.testing.assert_close(filled.ref_chosen_logps, log_ref[rows, pairs.chosen.completion_ids[:, 0]],
+                               rtol=0, atol=0)
+    torch.testing.assert_close(filled.ref_rejected_logps, log_ref[rows, pairs.rejected.completion_ids[:, 0]],
+                               rtol=0, atol=0)
     assert runner.with_reference_logps(algo, TabularPolicy(REF), filled) is filled
 
 

@@ -40,21 +40,33 @@ def test_policy_protocol_and_attributes():
 
 
 def test_logps_are_log_softmax_of_the_table_with_temperature_and_entropy():
-    """log pi(y|x) = logits[x, y]/T - log sum_k exp(logits[x, k]/T); entropy -sum p log p, by hand."""
+    """log pi(y|x) = logits[x, y]/T - log sum_k exp(logits[x, k]/T); entropy -sum p log p, by hand in float64.
+
+    The bounds (kind 2 of tests/bounds.py: the table's float32 arithmetic against float64). A float32 log-softmax over
+    K = 4 logits rounds z = logits / T, z - max z (|.| <= 2 max|z|), exp, a sum of K terms, the log and the final
+    difference: |d log p_v| <= gamma_{K+6} (2 max|z| + |log p_v|). The entropy -sum_v p_v log p_v moves by
+    sum_v p_v (1 + |log p_v|) |d log p_v| plus its own sum, gamma_K H. ~6e-6 and ~1e-5 here; measured (1 and 2
+    threads) at most 3.0e-7 and 1.4e-7 (the bound was a round 1e-5 against a float32 hand value, measured 4.8e-7)."""
+    from tests.bounds import gamma
+
     logits = torch.tensor([[0.3, -1.2, 2.0, 0.0], [1.0, 1.0, -0.5, 0.25]])
     policy = TabularPolicy(REF, init_logits=logits)
     batch = _batch([0, 1, 1, 0], [2, 3, 0, 1])
+    k = logits.shape[1]
     for temperature in (1.0, 0.7):
         logps, entropy = policy.logps(batch, temperature, with_entropy=True)
         assert logps.shape == (4, 1) and logps.dtype == torch.float32 and logps.requires_grad
         for i, (x, y) in enumerate([(0, 2), (1, 3), (1, 0), (0, 1)]):
-            z = logits[x] / temperature
-            expected = float(z[y] - math.log(float(torch.exp(z).sum())))
-            assert abs(float(logps[i, 0].detach()) - expected) < 1e-5
-            p = torch.softmax(z.double(), -1)
-            assert abs(float(entropy[i, 0]) - float(-(p * p.log()).sum())) < 1e-5
+            z = logits[x].double() / temperature
+            log_p = z - math.log(float(torch.exp(z).sum()))
+            d_log_p = gamma(k + 6) * (2 * z.abs().max() + log_p.abs())
+            assert abs(float(logps[i, 0].detach()) - float(log_p[y])) <= float(d_log_p[y])
+            p = log_p.exp()
+            h = float(-(p * log_p).sum())
+            d_h = float((p * (1 + log_p.abs()) * d_log_p).sum()) + gamma(k) * h
+            assert abs(float(entropy[i, 0]) - h) <= d_h
     ref = policy.ref_logps(batch)
-    assert abs(float(ref[0, 0]) - float(torch.log_softmax(REF[0], -1)[2])) < 1e-6
+    assert float(ref[0, 0]) == float(torch.log_softmax(REF[0], -1)[2])  # the same float32 log-softmax: bit for bit
     assert not ref.requires_grad
 
 
@@ -86,7 +98,15 @@ def test_bad_batches_and_missing_reference_raise_typed_errors():
 
 def test_sample_is_grouped_reproducible_and_follows_the_policy():
     """Rows [i*n, (i+1)*n) answer prompt i; frequencies of 100k draws are within 0.01 TV of softmax
-    (expected TV of the empirical distribution is ~ sqrt(K / (2 pi N)) ~ 0.002)."""
+    (expected TV of the empirical distribution is ~ sqrt(K / (2 pi N)) ~ 0.002).
+
+    Tolerances of this file's sampling tests (kind 4 of tests/bounds.py; every seed is fixed, so each test is
+    deterministic, and the probability is that of another seed failing). By Cauchy-Schwarz sum_k |f_k - p_k| <=
+    sqrt(X / N) with X = N sum_k (f_k - p_k)^2 / p_k, Pearson's statistic, chi-squared with K - 1 = 3 degrees of
+    freedom: TV >= 0.01 needs X >= 0.02^2 N = 20 at N = 50,000 draws per prompt (P = 1.7e-4 per prompt), X >= 16 at
+    the 40,000 of the temperature test (P = 1.1e-3); the 6 unordered pairs of 100,000 per prompt in
+    test_preference_pairs_follow_pi_ref_and_bradley_terry need X >= 40 of 5 degrees of freedom (P = 1.5e-7), and
+    its win rates, over >= 41,000 pairs each (s.e. <= 0.0025), are within 0.02 = 8 s.e. (P = 1e-15)."""
     prompts = prompt_batch(torch.tensor([1, 0]))
     params = SamplingParams(temperature=1.0, max_new_tokens=1)
     a = TabularPolicy(REF, seed=3).sample(prompts, 50_000, params)
@@ -129,7 +149,9 @@ def test_values_table():
 
 def test_reward_model_plugin_recovers_the_reward_up_to_a_constant():
     """algo=rm on Bradley-Terry pairs of r (scale 1) is the BT maximum-likelihood fit: r_hat - r is constant
-    per prompt. 20k pairs per prompt: the largest error is 0.03-0.05 (data seeds 0-2); asserted < 0.1."""
+    per prompt. 20k pairs per prompt: the largest error is 0.03-0.05 (data seeds 0-2); asserted < 0.1 (kind 3 and 4
+    of tests/bounds.py: the Bradley-Terry fit's sampling error and 150 steps' optimisation error, measured over 3 data
+    seeds, x 2; the seed is fixed, so the test is deterministic)."""
     bandit = TabularBandit(REF, REWARDS)
     cls = get_algorithm("rm")
     algo = cls(cls.config_class(), ObjectiveSettings(beta=0.0))
@@ -152,7 +174,8 @@ def test_scorer_and_prompt_source():
 
 def test_preference_pairs_follow_pi_ref_and_bradley_terry():
     """Pairs (a, b), a != b, have frequency pi_a pi_b / (1 - sum pi^2) per ordered draw; a is chosen over b
-    with probability sigmoid((r_a - r_b) / s). 200k pairs: errors ~ 1e-3, asserted below 0.01."""
+    with probability sigmoid((r_a - r_b) / s). 200k pairs: errors ~ 1e-3, asserted below 0.01 (the probabilities
+    of a false failure: test_sample_is_grouped_reproducible_and_follows_the_policy)."""
     from prefzoo.data.preference import PreferenceBatch
 
     bandit = TabularBandit(REF, REWARDS)

@@ -1,4 +1,11 @@
-"""GSPO's sequence-level importance ratio (Zheng et al. 2025): sequence_log_ratio and gspo_token_log_ratio."""
+"""GSPO's sequence-level importance ratio (Zheng et al. 2025): sequence_log_ratio and gspo_token_log_ratio.
+
+Tolerances (tests/bounds.py, kind 1). Everything is float64 (the functions keep the input's dtype), each value a few
+operations on numbers of size <= 2 (a mean of <= 3 log-ratios, an exp): rounding ~1e-16. assert_close's float64
+defaults (rtol = atol = 1e-7) and math.isclose's (rel 1e-9) are far above that, and far below what a pad that
+leaks, a missing 1/|y| or a wrong clip moves (1e-2 to 1). The clip test compares within 1e-12 (a clip at 1 + 0.2
+and an exp: ~1e-16). The advantages given per token are read at the same position as the (B,) ones: bitwise equal.
+"""
 
 import math
 
@@ -77,22 +84,25 @@ def test_the_sequence_clip_by_hand_on_a_padded_batch():
     (sum); row 1: (-0.4, pad, pad) -> s = exp(-0.4) = 0.6703 either way. Advantages (B,) = (1, -1), eps 0.2.
     Mean: row 0 unclipped (1.1618 < 1.2): loss -1.1618 on its 2 tokens; row 1: min(0.6703 * -1, 0.8 * -1) = -0.8,
     clipped: loss 0.8 on its token. Sum: row 0 min(1.3499, 1.2) = 1.2, clipped: loss -1.2. The same with the
-    advantages given per token (read at each row's last valid token). Shapes that disagree are refused."""
+    advantages given per token (read at each row's last valid token). Shapes that disagree are refused. In float64
+    within 1e-12 (module docstring; the float32 version of this test held float32 literals within assert_close's
+    defaults)."""
     from prefzoo.objective import sequence_clipped_surrogate_loss
 
+    d = torch.float64
     mask = torch.tensor([[True, True, False], [True, False, False]])
-    old = torch.zeros(2, 3)
-    logps = torch.tensor([[0.2, 0.1, 5.0], [-0.4, 7.0, 7.0]])
-    adv = torch.tensor([1.0, -1.0])
+    old = torch.zeros(2, 3, dtype=d)
+    logps = torch.tensor([[0.2, 0.1, 5.0], [-0.4, 7.0, 7.0]], dtype=d)
+    adv = torch.tensor([1.0, -1.0], dtype=d)
     loss, clipped = sequence_clipped_surrogate_loss(logps, old, adv, mask, 0.2, 0.2)
     s0 = math.exp(0.15)
-    torch.testing.assert_close(loss, torch.tensor([[-s0, -s0, 0.0], [0.8, 0.0, 0.0]]))
+    torch.testing.assert_close(loss, torch.tensor([[-s0, -s0, 0.0], [0.8, 0.0, 0.0]], dtype=d), rtol=0, atol=1e-12)
     assert clipped.tolist() == [[False, False, False], [True, False, False]]
     per_token = torch.where(mask, adv[:, None], 0.0)
     again, _ = sequence_clipped_surrogate_loss(logps, old, per_token, mask, 0.2, 0.2)
-    torch.testing.assert_close(again, loss)
+    assert torch.equal(again, loss)
     whole, clipped = sequence_clipped_surrogate_loss(logps, old, adv, mask, 0.2, 0.2, length_normalised=False)
-    torch.testing.assert_close(whole, torch.tensor([[-1.2, -1.2, 0.0], [0.8, 0.0, 0.0]]))
+    torch.testing.assert_close(whole, torch.tensor([[-1.2, -1.2, 0.0], [0.8, 0.0, 0.0]], dtype=d), rtol=0, atol=1e-12)
     assert clipped.tolist() == [[True, True, False], [True, False, False]]
     with pytest.raises(ObjectiveError, match="advantages has shape"):
         sequence_clipped_surrogate_loss(logps, old, torch.ones(3), mask, 0.2, 0.2)

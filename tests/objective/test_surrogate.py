@@ -1,4 +1,11 @@
-"""Tests for prefzoo.objective.surrogate: PPO clipped surrogate (+ clip-higher) and value loss."""
+"""Tests for prefzoo.objective.surrogate: PPO clipped surrogate (+ clip-higher) and value loss.
+
+Tolerances (tests/bounds.py, kind 1). The hand values are float64 (the functions keep the input's dtype), each an exp
+of a log and a product or a clip of numbers <= 3: rounding ~1e-16 (all hold at 1e-13, checked 2026-12-06).
+assert_close's float64 defaults (rtol = atol = 1e-7) are far above that and far below what a wrong branch of the min
+or clip moves (0.05 and more). Where no rounding happens (ratio exactly 1 on policy, a broadcast against its
+expanded copy, 0.5 (1 - 0)^2) the comparisons are exact.
+"""
 
 import math
 

@@ -1,5 +1,10 @@
 """The surrogates without PPO's ratio clip (DPPO, SAPO, DRO), MaxRL's advantage and the bias-corrected KL, each
 against values derived by hand in the test's docstring (from the papers' formulas, not from the code) or a closed form.
+
+Tolerances (tests/bounds.py, kind 1). Everything is float64 and compared with the hand formula evaluated in Python
+(math), not with the docstrings' 7-digit decimals: each value is a handful of operations on numbers <= 25 (a log, an
+exp, a product, a sum of <= 4 terms), rounding ~1e-14 at most; 1e-12 leaves 100x. The one check of a docstring decimal
+against its formula allows half a unit of its last digit, 5e-8.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def test_dppo_binary_kl_drops_only_a_large_move_in_the_advantages_direction():
     dropped for A > 0 (p rose with A), kept for A < 0 (p moved against A: the update pulls it back). q = 0.5 ->
     p = 0.55: 0.5 ln(0.5/0.55) + 0.5 ln(0.5/0.45) = 0.0050252 < 0.05: kept. A per-sequence (B,) advantage is broadcast."""
     d = 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)
-    assert d == pytest.approx(0.0871767, abs=1e-7)
+    assert d == pytest.approx(0.0871767, abs=5e-8)
     logps, old = _tokens([0.7, 0.55], [0.5, 0.5])
     mask = torch.ones(1, 2, dtype=torch.bool)
     _, up = dppo_loss(logps, old, torch.tensor([1.0], dtype=torch.float64), mask, "kl", 0.05, 0.05)
@@ -57,17 +62,18 @@ def test_sapo_gate_values_and_gradient_weight():
     """f(rho) = (4/tau) sigmoid(tau (rho - 1)), loss -f A, tau = 1 for A > 0 and 1.05 for A < 0.
     At rho = 1: loss = -(4/tau) * 0.5 * A; d loss / d log p = -4 s (1 - s) rho A = -A (s = 1/2).
     At rho = 1.5, A = +1: s = sigmoid(0.5) = 0.6224593, loss = -2.4898373; d/d log p = -4 * 0.6224593 * 0.3775407
-    * 1.5 = -1.4100223; its gradient weight 4 s (1 - s) = 0.9400149.
+    * 1.5 = -1.4100223; its gradient weight 4 s (1 - s) = 0.9400148.
     At rho = 1.5, A = -1, tau = 1.05: s = sigmoid(0.525), loss = +(4/1.05) s; gradient +4 s (1 - s) * 1.5."""
     logps, old = _tokens([0.5, 0.75, 0.5, 0.75], [0.5, 0.5, 0.5, 0.5])
     a = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
     mask = torch.ones(1, 4, dtype=torch.bool)
     loss, weight, below = sapo_loss(logps, old, a, mask)
-    s_neg = 1 / (1 + math.exp(-0.525))
-    assert loss[0].tolist() == pytest.approx([-2.0, -2.4898373, 2 / 1.05, 4 / 1.05 * s_neg], abs=1e-7)
+    s_pos, s_neg = 1 / (1 + math.exp(-0.5)), 1 / (1 + math.exp(-0.525))
+    assert loss[0].tolist() == pytest.approx([-2.0, -4 * s_pos, 2 / 1.05, 4 / 1.05 * s_neg], abs=1e-12)
     loss.sum().backward()
-    assert logps.grad[0].tolist() == pytest.approx([-1.0, -1.4100223, 1.0, 4 * s_neg * (1 - s_neg) * 1.5], abs=1e-7)
-    assert weight[0, 1].item() == pytest.approx(0.9400149, abs=1e-7) and not below.any()
+    want = [-1.0, -4 * s_pos * (1 - s_pos) * 1.5, 1.0, 4 * s_neg * (1 - s_neg) * 1.5]
+    assert logps.grad[0].tolist() == pytest.approx(want, abs=1e-12)
+    assert weight[0, 1].item() == pytest.approx(4 * s_pos * (1 - s_pos), abs=1e-12) and not below.any()
 
 
 def test_dro_penalises_the_squared_log_ratio_to_the_sampling_policy():
@@ -79,9 +85,10 @@ def test_dro_penalises_the_squared_log_ratio_to_the_sampling_policy():
     old = torch.tensor([[math.log(0.4), -25.0]], dtype=torch.float64)
     mask = torch.ones(1, 2, dtype=torch.bool)
     loss, over = dro_loss(logps, old, torch.tensor([1.0], dtype=torch.float64), mask, 0.05)
-    assert loss[0, 0].item() == pytest.approx(0.6943920, abs=1e-7)
+    delta = math.log(1.25)
+    assert loss[0, 0].item() == pytest.approx(math.log(2) + 0.025 * delta ** 2, abs=1e-12)
     loss.sum().backward()
-    assert logps.grad[0].tolist() == pytest.approx([-0.9888428, 0.25], abs=1e-7)
+    assert logps.grad[0].tolist() == pytest.approx([-(1 - 0.05 * delta), 0.25], abs=1e-12)
     assert over[0].tolist() == [False, True]
 
 
@@ -102,10 +109,12 @@ def test_on_the_first_pass_every_surrogate_has_reinforces_gradient(loss_fn):
 
 def test_maxrl_divides_by_the_group_mean():
     """scale="mean", eps 0: group [1, 0, 0, 0] (mean 1/4) -> (r - 1/4) / (1/4) = [3, -1, -1, -1]; [2, 2, 1, 1] (mean
-    1.5) -> [1/3, 1/3, -1/3, -1/3]; all zero -> 0 (no division by 0); [-1, 0, -1, 0] (mean -1/2 <= 0) -> 0."""
-    r = torch.tensor([1, 0, 0, 0, 2, 2, 1, 1, 0, 0, 0, 0, -1, 0, -1, 0], dtype=torch.float32)
+    1.5) -> [1/3, 1/3, -1/3, -1/3]; all zero -> 0 (no division by 0); [-1, 0, -1, 0] (mean -1/2 <= 0) -> 0.
+    float64 rewards (the advantages keep their dtype): within 1e-12 (the float32 version held 1e-6 against a rounding
+    of u32 / 3 = 2e-8)."""
+    r = torch.tensor([1, 0, 0, 0, 2, 2, 1, 1, 0, 0, 0, 0, -1, 0, -1, 0], dtype=torch.float64)
     a = group_advantages(r, 4, "mean", 0.0)
-    assert a.tolist() == pytest.approx([3, -1, -1, -1, 1 / 3, 1 / 3, -1 / 3, -1 / 3] + [0] * 8, abs=1e-6)
+    assert a.tolist() == pytest.approx([3, -1, -1, -1, 1 / 3, 1 / 3, -1 / 3, -1 / 3] + [0] * 8, abs=1e-12)
 
 
 def test_the_bias_corrected_k3_follows_the_reverse_kl_gradient_off_policy():

@@ -7,6 +7,11 @@ Each test derives the numbers the doctor must quote from the stream it wrote (wi
 quarter of the steps, :data:`~prefzoo.report.diagnose.WINDOW`; least-squares slopes of exact lines), in its
 docstring. Before: ``prefzoo.report.diagnose`` did not exist (ModuleNotFoundError) and ``prefzoo diagnose`` answered
 "prefzoo needs a command: train, pairs, report, conformance, toy (got 'diagnose')" with exit status 2.
+
+Tolerances: the doctor's numbers are float64 window means and least-squares slopes of at most 20 values, against
+the same means written out here or copied from the run's files (kind 1 of tests/bounds.py): rounding ~1e-15, so
+``pytest.approx``'s default rel 1e-6 cannot be reached by rounding, only by a wrong window or formula. The other
+thresholds (KL < 0.1, loss change < 5%, ...) are the doctor's own verdict rules, claims, not tolerances.
 """
 
 from __future__ import annotations
@@ -378,4 +383,5 @@ def test_a_real_tiny_run_at_a_tiny_learning_rate_is_not_moving(tmp_path):
     assert f.numbers["kl"] == pytest.approx(kl) and kl < 0.1
     assert f.numbers["suggests"] == ["lr"] and f.change == "trainer.lr 1e-07 -> 1e-06 (or more trainer.max_steps)"
     summary = json.loads((run / "summary.json").read_text())  # the plugin's declaration, recorded for the doctor
-    assert summary["reference"] is True and summary["capabilities"] == ["implicit_rewards", "precomputed_reference"]
+    assert summary["reference"] is True
+    assert summary["capabilities"] == ["f_divergence", "implicit_rewards", "precomputed_reference"]

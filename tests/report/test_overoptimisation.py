@@ -1,4 +1,13 @@
-"""The functional forms of Gao et al. 2023 and their least-squares fits recover known coefficients."""
+"""The functional forms of Gao et al. 2023 and their least-squares fits recover known coefficients.
+
+Tolerances. Everything is float64 numpy on synthetic data: no thread count or load moves it. Formulas against hand
+values and fits of exact data (kind 1 of tests/bounds.py): a few float64 operations, or a 2-column least-squares
+problem of condition number <= 15, rounding ~1e-15 (measured <= 9e-16); ``pytest.approx``'s default rel 1e-6 and
+the explicit 1e-9 / 1e-10 are far above it. The peak on a grid of spacing 1e-3 is within one spacing (measured
+1.4e-4; abs 2e-3). The noisy fits and the refits are kind 4, each with a fixed seed (deterministic; the
+probabilities are those of another seed): noise sd 0.01 on 40 points gives coefficient s.e. 0.001-0.003 (measured
+errors <= 0.005), abs 0.03 is >= 10 s.e.; the refits' figures are in their test's docstring.
+"""
 
 from __future__ import annotations
 
@@ -62,10 +71,16 @@ def test_standard_errors_match_the_spread_of_refits(form, a, b):
     Checked two ways on 400 refits of the same 12 points with fresh Gaussian noise (sd 0.05): (1) the exact standard
     error, sd * sqrt(diag((X'X)^-1)) with X = [d, -d^2] (bon) or [d, -d log d] (rl) built here by hand, equals the
     spread (sd) of the 400 fitted a's and b's within 10% (the sd of a sample sd of 400 is 1/sqrt(800) = 3.5%) and the
-    mean reported standard error within 10%; (2) the interval +- 1.96 s.e. covers the true value in 90-98% of the
+    mean reported standard error within 10%; (2) the interval +- 1.96 s.e. covers the true value in 88-98% of the
     refits (95% expected; its binomial s.e. on 400 is 1.1%; s.e. from 10 residual degrees of freedom makes it
     slightly under 95%: t(10) at 1.96 covers 92.2%). The fitted peak's s.e. (delta method) matches the refits'
-    spread of the peak within 20%. Before: Fit had no a_se / b_se (AttributeError)."""
+    spread of the peak within 20%. Before: Fit had no a_se / b_se (AttributeError).
+
+    Measured with these seeds (fixed: the test is deterministic): spreads -0.3% to -2.4% from the exact s.e. (10% is
+    2.9 s.e. of a sample sd of 400), mean reported s.e. -3.0%, coverage 91.5-92.3% (binomial s.e. 1.35%: 0.88 and
+    0.98 are 3.1 and 4.3 s.e. from the expected 92.2%; the bound was 0.90, 1.6 s.e., which another seed would miss
+    about 1 time in 20), the peak's s.e. -9.5% and -9.9% (the delta method's own bias at this noise; 20% leaves
+    ~3 s.e. of the refits' spread)."""
     rng = np.random.default_rng(1)
     d = np.linspace(0.2, 3.0, 12)
     second = d ** 2 if form == "bon" else d * np.log(d)
@@ -77,7 +92,7 @@ def test_standard_errors_match_the_spread_of_refits(form, a, b):
     np.testing.assert_allclose(est.std(axis=0, ddof=1), exact, rtol=0.10)
     np.testing.assert_allclose(se.mean(axis=0), exact, rtol=0.10)
     covered = (np.abs(est - np.array([a, b])) <= 1.96 * se).mean(axis=0)
-    assert ((covered > 0.90) & (covered < 0.98)).all(), covered
+    assert ((covered > 0.88) & (covered < 0.98)).all(), covered
     peaks = np.array([f.peak[0] for f in fits])
     peak_se = np.array([f.peak_se[0] for f in fits])
     assert np.median(peak_se) == pytest.approx(peaks.std(ddof=1), rel=0.20)

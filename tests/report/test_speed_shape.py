@@ -2,6 +2,13 @@
 
 Every run travels d = v * step / 10 (v its speed), evaluated every step for 40 steps, so its largest d is 4 v; the
 slowest (v = 0.3) sets the common range [0, 1.2]. Gold g(d) = d (a - 0.4 log d) (Gao et al.'s RL form).
+
+Tolerances. Synthetic float64 curves: nothing varies with threads or load. Exact quantities (ranges, speeds, the
+seed spread OFFSET / sqrt(2): measured 7e-18 off) use approx's default rel 1e-6 or 1e-9, far above float64 rounding
+(kind 1 of tests/bounds.py). The hand values that neglect the interpolation between evaluations carry that
+neglect, measured: beta_spread 0.21016 against the hand 0.21 (7.8e-4 relative; rel 0.02 is 25x), and 0.0015 for
+one shape at three speeds against its bound 0.004 (what "no spread beyond interpolation" means here; ratio 0.10
+against 0.3).
 """
 
 import json

@@ -3,6 +3,10 @@
 Every expected value is derived by hand from VADER's lexicon (good = 1.9, great = 3.1, bad = -2.5; compound =
 s / sqrt(s^2 + 15) for a sum of valences s, no booster words or exclamation marks here) and the tokenisation of
 prefzoo.text.words (lower-cased words and punctuation marks).
+
+Tolerances (kind 1 of tests/bounds.py): VADER rounds its compound to 4 decimals, so both sides are the same few
+float64 operations on the same 4-decimal numbers, ~1e-16 apart; abs 1e-12 and 1e-9 are far above that and far below
+any other valence or bigram count (~1e-2).
 """
 
 import math

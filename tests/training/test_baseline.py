@@ -202,6 +202,10 @@ def test_the_shipped_evaluation_is_what_the_default_run_computes(tmp_path, monke
     computed = trainer.policy_metrics()
     assert computed["greedy_examples"] == shipped["result"]["greedy_examples"]
     assert computed["task_accuracy"] == shipped["result"]["task_accuracy"]
+    # the same arithmetic in the same numerics environment (torch, transformers, threads, instruction set), but
+    # possibly another CPU model whose BLAS picks other kernels: the float32 forwards may then differ by ~1e-7
+    # relative, and the sampled tokens with them. 1e-6 is NOT a derived bound (kind 3 unmeasured: the real model is
+    # skipped in the suite); a miss here means "another machine's rounding", as the skip above already says
     for k, v in shipped["result"].items():
         if isinstance(v, float):
             assert computed[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k

@@ -56,14 +56,18 @@ def first_inner_step(algo, policy):
 def test_old_logps_have_no_dropout_so_the_first_ratio_is_one(monkeypatch, disable):
     """Policy = old = reference at the first inner step (fresh adapter: LoRA B = 0). The rollout's no-grad passes run
     in eval mode whatever the setting, so the rollout KL is exactly 0 (not -0.651). With dropout disabled (the
-    default) the update's forward is deterministic too: ratio exactly 1, approx_kl 0 (not 1.215 and 0.247)."""
+    default) the update's forward is deterministic too: ratio exactly 1, approx_kl 0 (not 1.215 and 0.247).
+
+    Exact, not close (kind 1 of tests/bounds.py, no rounding): with LoRA B = 0 the adapter adds exactly 0 to each
+    layer, so policy, old policy and reference are the same arithmetic on the same weights; measured 2026-12-06 at 1
+    and 2 threads: 0.0, 0.0, 1.0, 0.0 exactly (the bounds were 1e-6 and 1e-5)."""
     algo, policy = ppo_with_dropout(monkeypatch, disable)
     metrics, mean = first_inner_step(algo, policy)
-    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert metrics["kl_k3"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["kl"] == 0.0
+    assert metrics["kl_k3"] == 0.0
     if disable:
-        assert mean["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
-        assert mean["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert mean["ratio_mean"] == 1.0
+        assert mean["approx_kl"] == 0.0
     else:  # dropout kept on purpose (model.disable_dropout=false): only the gradient pass has it
         assert policy.model.training
 

@@ -12,6 +12,7 @@ from prefzoo.objective import decoupled_group_rewards, overlong_penalty
 from prefzoo.rewards.registry import make_reward
 from prefzoo.training.scoring import TextScorer
 from prefzoo.types import PromptBatch, SequenceBatch
+from tests.bounds import U32, sum_bound
 
 
 def digits(prompts, completions, **_):
@@ -47,9 +48,12 @@ def test_the_scorer_returns_the_decoupled_sum_plus_the_overlong_penalty():
     got = scorer(samples, prompts)
     table = torch.tensor([digits(None, texts), vowels(None, texts)], dtype=torch.float64)
     want = decoupled_group_rewards(table, torch.tensor([1.0, 3.0]), 3) + overlong_penalty(lengths, cap, 3, 0.5)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    # the same two functions on the same float64 table, then one float32 addition: the same arithmetic, equal bit for
+    # bit (measured 0; the bound was 1e-6)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert scorer.last_metrics["reward/frac_overlong"] > 0 and scorer.last_metrics["reward/overlong"] < 0
-    assert scorer.last_metrics["reward/digits"] == pytest.approx(sum(digits(None, texts)) / 6)
+    # a float64 mean of 6 small integers: exact up to ~1e-16; rel 1e-12 leaves 1e4
+    assert scorer.last_metrics["reward/digits"] == pytest.approx(sum(digits(None, texts)) / 6, rel=1e-12)
 
 
 def test_groups_of_one_are_refused_in_one_line():
@@ -72,7 +76,13 @@ def test_a_run_trains_with_both_and_bad_settings_are_one_line(tmp_path):
                                "reward.overlong_buffer=3", *run]), tmp_path).run()
     m = summary["final_train_metrics"]
     assert "reward/overlong" in m and "reward/vowels" in m
-    assert abs(m["reward"] - m["reward/overlong"]) < 1e-5  # the decoupled sum's mean over whole groups is 0
+    # the decoupled sum's mean over whole groups is 0 (float64, ~1e-16). What rounding adds (kind 2 of tests/bounds.py):
+    # each decoupled reward |r| <= 2 (G - 1) / sqrt(G) = R (two functions of weight 1, a z-score of G = 4 samples is at
+    # most (G - 1) / sqrt(G)) rounds to float32 and adds a penalty |p| <= 1: u32 (2R + 1); the two float32 means
+    # of B = 8 rewards: sum_bound(8 + 2, R + 1) + sum_bound(8 + 2, 1). 3.1e-6; measured 0 (the bound was 1e-5).
+    r_max = 2 * 3 / 4 ** 0.5
+    bound = U32 * (2 * r_max + 1) + sum_bound(10, r_max + 1) + sum_bound(10, 1)
+    assert abs(m["reward"] - m["reward/overlong"]) <= bound
     for overrides, message in [(["algo=dpo", "reward.aggregation=gdpo"], "samples 0 per prompt"),
                                (["algo=grpo", "reward.overlong_buffer=7"], "reward.overlong_buffer=7 must be in [1"),
                                (["algo=grpo", "reward.aggregation=mean"], "reward.aggregation"),
