@@ -137,6 +137,10 @@ def diff(recorded: Path, new: Path, names: list[str]) -> int:
         if a["summary"] is None:
             print(f"{name:24s} (not recorded)")
             continue
+        if b["summary"] is None or b["metrics"] is None:
+            changed += 1
+            print(f"{name:24s} the new run wrote no summary.json or metrics.jsonl (see {new / name}.log)")
+            continue
         found = differences(a, b)
         changed += bool(found)
         print(f"{name:24s} {'same' if not found else f'{len(found)} differences'}")

@@ -33,7 +33,8 @@ import datetime
 import logging
 from pathlib import Path
 
-from prefzoo.errors import ConfigError, ModelError, RunFolderError
+from prefzoo.errors import (ConfigError, ModelError, PrefzooError, RunFolderError, UserCodeError, describe_error,
+                            user_code_frame)
 
 __all__ = ["RunResult", "train", "load_policy"]
 
@@ -73,7 +74,12 @@ def _check_overrides(overrides) -> list[str]:
     if isinstance(overrides, str):
         raise ConfigError(f"prefzoo.train takes a list of overrides, got the string {overrides!r}; write "
                           f"prefzoo.train({overrides.split()!r}).")
-    overrides = [str(o) for o in overrides]
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        what = (f"a {type(overrides).__name__} ({overrides!r:.60})" if not isinstance(overrides, (list, tuple)) else
+                f"a list holding a {type(next(o for o in overrides if not isinstance(o, str))).__name__}")
+        raise ConfigError(f"prefzoo.train takes a list of override strings (the command line's words, e.g. "
+                          f"['algo=dpo', 'model=tiny']) or a prefzoo.config.Config; got {what}.")
+    overrides = list(overrides)
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
         raise ConfigError(f"prefzoo.train takes config overrides only, not command-line flags ({', '.join(flags)}); "
@@ -129,12 +135,12 @@ def _write_hydra_files(out: Path, task_cfg, hydra_node, overrides: list[str]) ->
     config before resolution, Hydra's own node, the overrides)."""
     from omegaconf import OmegaConf, open_dict
 
+    from prefzoo.training.run_folder import write_hydra_files
+
     subdir = hydra_node.get("output_subdir") if hydra_node is not None else ".hydra"
     if subdir is None:
         return
-    folder = out / str(subdir)
-    folder.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(task_cfg, folder / "config.yaml")
+    hydra_cfg = None
     if hydra_node is not None:
         node = hydra_node.copy()
         with open_dict(node):  # what Hydra fills in for a run
@@ -142,9 +148,9 @@ def _write_hydra_files(out: Path, task_cfg, hydra_node, overrides: list[str]) ->
             node.mode = "RUN"
             node.runtime.output_dir = str(out.resolve())
             node.runtime.cwd = str(Path.cwd())
-        OmegaConf.save(OmegaConf.create({"hydra": node}), folder / "hydra.yaml")
+        hydra_cfg = OmegaConf.create({"hydra": node})
         overrides = list(hydra_node.overrides.task)  # the task's (hydra.* ones are in hydra.yaml), as Hydra writes
-    OmegaConf.save(OmegaConf.create(list(overrides)), folder / "overrides.yaml")
+    write_hydra_files(out / str(subdir), task_cfg, hydra_cfg, overrides)
 
 
 @contextlib.contextmanager
@@ -201,7 +207,7 @@ def train(overrides, run_dir: str | Path | None = None) -> RunResult:
         composed = task_cfg
     from prefzoo.cli import check_data, preflight
 
-    checked = preflight(composed)  # values, the plugin's settings, trackers: before any model loads
+    checked = preflight(composed, words)  # values, the plugin's settings, trackers: before any model loads
     typed = checked.config
     check_data(typed, checked.algo.declaration)  # a bad data file fails here, in seconds
     if run_dir is None:
@@ -231,6 +237,13 @@ def _train_in(checked, out: Path, task_cfg, hydra_node, words: list[str]) -> tup
             write_resolved_config(typed, out)
         with _run_log(out / f"{hydra_node.job.name if hydra_node is not None else 'train'}.log", dp.is_main):
             summary = Trainer(typed, out, dp, folder=folder, algo=checked.algo).run()
+    except (PrefzooError, KeyboardInterrupt):
+        raise
+    except BaseException as err:  # noqa: BLE001 -- SystemExit (and kin) from the user's code: a UserCodeError
+        where = user_code_frame(err)
+        if isinstance(err, Exception) or where is None:
+            raise
+        raise UserCodeError(f"your code raised {describe_error(err)} at {where}") from err
     finally:
         dp.close()
     return summary, out

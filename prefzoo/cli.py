@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from prefzoo import config as _config
 from prefzoo.config import Config
-from prefzoo.errors import ConfigError, PrefzooError, RunFolderError
+from prefzoo.errors import (ConfigError, EnvironmentFailure, PrefzooError, RewardError, RunFolderError, UserCodeError,
+                            describe_error, user_code_frame)
 
 log = logging.getLogger("prefzoo")
 
@@ -102,11 +103,13 @@ def to_typed(cfg: DictConfig) -> Config:
     return preflight(cfg).config
 
 
-def preflight(cfg: DictConfig) -> Preflight:
+def preflight(cfg: DictConfig, overrides: list[str] | None = None) -> Preflight:
     """Hydra's composed config -> the typed, resolved and validated config and its plugin, before any model loads:
     the algorithm exists (built-in, installed, or ``algo=custom algo.target=...``), the run's values are valid, and
     the plugin's own settings pass its ``validate_settings`` against the resolved objective. The plugin is built here
-    once (:func:`prefzoo.training.plugin.build_algorithm`) and the run trains that very object.
+    once (:func:`prefzoo.training.plugin.build_algorithm`) and the run trains that very object. ``overrides``: the
+    words the user wrote (the Python API's; default: the command line's, from Hydra), for the checks of what was
+    chosen explicitly.
 
     Raises:
         ConfigError: no or an unknown algorithm, a bad value, a bad combination (one line naming the key).
@@ -128,6 +131,7 @@ def preflight(cfg: DictConfig) -> Preflight:
         except Exception as err:  # an unknown key or a wrong type for the plugin's config
             raise ConfigError(f"algo.target={target}: {err}".splitlines()[0]) from None
         node.name = cls.name
+        check_plugin_name(cls, str(target))
         cfg = cfg.copy()
         with open_dict(cfg):
             cfg.algo = node
@@ -135,8 +139,9 @@ def preflight(cfg: DictConfig) -> Preflight:
         cls = get_algorithm(cfg.algo.name)
     typed = _config.to_typed(cfg)
     from prefzoo.training.plugin import build_algorithm
-    from prefzoo.validation import (check_batch_size, check_correction_support, check_environment, check_kl_controller,
-                                    check_names, check_references, check_teacher, warn_idle)
+    from prefzoo.validation import (check_batch_size, check_correction_support, check_divergence_support,
+                                    check_environment, check_explicit_reward, check_kl_controller, check_names,
+                                    check_references, check_teacher, check_teacher_fits, warn_idle, warn_ignored)
 
     check_names(typed)  # the annotator, eval.ood's shifted task: names in the data's registries
 
@@ -151,6 +156,9 @@ def preflight(cfg: DictConfig) -> Preflight:
     check_correction_support(typed, declaration.has("sampler_correction"))  # rollout.correction.* honoured?
     check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
     check_teacher(declaration.teacher)  # algo=distill: a teacher prefzoo can load
+    check_teacher_fits(typed, declaration.teacher)  # ... that shares the student's vocabulary (and base, as an adapter)
+    check_divergence_support(typed, declaration.has("f_divergence"))  # objective=forward_kl|js|alpha honoured?
+    check_explicit_reward(typed, given_overrides(overrides))  # data=reasoning_gym with reward=arithmetic written out
     if typed.reward.aggregation == "gdpo" and not (declaration.online and declaration.trains
                                                    and declaration.num_samples >= 2):
         raise ConfigError(f"reward.aggregation=gdpo normalises each reward within a prompt's group of samples; "
@@ -160,6 +168,9 @@ def preflight(cfg: DictConfig) -> Preflight:
         raise ConfigError(f"reward.overlong_buffer shapes the rewards of an online plugin's training samples; "
                           f"algo={typed.algo.name} trains on none (its data or answers are scored as they are). "
                           "Drop reward.overlong_buffer.")
+    if typed.rollout.asynchronous and declaration.online and launched_world_size() > 1:
+        raise ConfigError("rollout.asynchronous=true runs one rollout worker beside one trainer; data parallelism "
+                          f"({launched_world_size()} processes) is not supported with it yet: drop one of the two.")
     if declaration.draws_prompts and (launched_world_size() > 1 or typed.rollout.asynchronous):
         raise ConfigError("algo.dynamic_sampling=true draws more prompts within a step, which prefzoo does in one "
                           "process with synchronous rollouts only; set it to false, or run without data parallelism "
@@ -171,7 +182,32 @@ def preflight(cfg: DictConfig) -> Preflight:
 
     check_rollout_servers(typed)  # rollout.engine=vllm_server: the servers answer and serve the run's model
     warn_idle(typed, declaration.trains, declaration.uses_beta)
+    warn_ignored(typed, declaration.online)  # legal settings that cannot apply to this run: one warning each
     return Preflight(typed, algo)
+
+
+def given_overrides(overrides: list[str] | None = None) -> list[str] | None:
+    """The overrides the user wrote (``overrides``, else the command line's as Hydra recorded them), or None."""
+    if overrides is not None:
+        return list(overrides)
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    return None
+
+
+def check_plugin_name(cls, target: str) -> None:
+    """A user's plugin (``algo=custom algo.target=...``) must not take a built-in plugin's name: its run folder,
+    ``summary.json`` and the report would call it by that name.
+
+    Raises:
+        ConfigError: naming the plugin, the name and how to rename it.
+    """
+    from prefzoo.algos import REGISTRY
+
+    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
+        raise ConfigError(f"algo.target={target}: the plugin is named {cls.name!r}, a built-in algorithm's name; its "
+                          f"run folder, summary.json and the report would call it {cls.name}. Give it a name of its own "
+                          "(the name field of its config dataclass).")
 
 
 def run_dir() -> Path:
@@ -218,37 +254,109 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     every process uses the main process's run folder (Hydra names it after the time, which may differ by a
     second between processes); only the main process writes the resolved config and prints.
 
-    Returns the run's headline metric (for Hydra sweepers), or exits with status 2 and a one-paragraph
-    message on a configuration, data, model or reward error.
+    Returns the run's headline metric (for Hydra sweepers), or exits with status 2 and a one-line message on a
+    configuration, data, model or reward error, or an environment's (anything a reward function or an environment
+    raises, ``SystemExit`` included, is reported in one line naming it); with status
+    130 and one line on Ctrl-C (where it stopped, and the checkpoint ``trainer.resume=true`` continues from). User code
+    that calls ``sys.exit()`` (a plugin, a hook) stops the run with status 2 and one line naming its file and line,
+    never a silent exit 0; an ordinary exception from a plugin keeps its traceback (it shows where the bug is).
     """
+    trainer, out = None, None
     try:
         checked = preflight(cfg)
         typed = checked.config
         check_data(typed, checked.algo.declaration)  # a bad data file fails here, in seconds (prefzoo.data.check)
         from prefzoo.training.distributed import setup_data_parallel
         from prefzoo.training.loop import Trainer, write_resolved_config
-        from prefzoo.training.run_folder import open_run_folder
+        from prefzoo.training.run_folder import open_run_folder, record_hydra_run
         from prefzoo.training.setup import pick_device
 
         dp = setup_data_parallel(typed, pick_device(typed.trainer.device))
         out = Path(dp.broadcast_object(str(run_dir())))
         folder = open_run_folder(typed, out, dp)  # writable, not in use, resumable with this config: before config.yaml
         if dp.is_main:
-            write_resolved_config(typed, out)
-        summary = Trainer(typed, out, dp, folder=folder, algo=checked.algo).run()
+            record_hydra_run(out, cfg)  # .hydra/ and train.log, now that the folder is accepted (nothing before)
+            try:
+                write_resolved_config(typed, out)
+            except OSError as err:  # a full disk, a folder made read-only since the check
+                raise RunFolderError(f"cannot write {out / 'config.yaml'} ({err.strerror or err}); free space on "
+                                     "that disk or choose another folder (hydra.run.dir=...).") from None
+        trainer = Trainer(typed, out, dp, folder=folder, algo=checked.algo)
+        summary = trainer.run()
     except PrefzooError as err:
         from prefzoo.training.distributed import launched_rank
 
         if launched_rank() == 0 or not isinstance(err, (ConfigError, RunFolderError)):  # the same error everywhere
-            print(f"prefzoo: error: {err}", file=sys.stderr)
+            when = during(trainer) if isinstance(err, (EnvironmentFailure, RewardError)) else ""  # user code's
+            print(f"prefzoo: error: {err}{when}{resume_hint(trainer)}", file=sys.stderr)
         if in_multirun():  # let Hydra record the failed job and go on with the sweep
             raise
+        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not the traceback of wherever it landed
+        from prefzoo.training.distributed import launched_rank
+
+        if launched_rank() == 0:
+            print(f"prefzoo: {stopped_line(trainer, out)}", file=sys.stderr, flush=True)
+        if in_multirun():
+            raise
+        sys.exit(130)
+    except BaseException as err:  # noqa: BLE001 -- SystemExit (and kin) from user code: its error, in one line
+        where = user_code_frame(err)
+        if isinstance(err, Exception) or where is None:  # an ordinary exception: its traceback shows where (a plugin's
+            raise  # bug, or prefzoo's own); rewards and environments already report theirs in one line
+
+        from prefzoo.training.distributed import launched_rank
+
+        if launched_rank() == 0:
+            print(f"prefzoo: error: your code raised {describe_error(err)} at {where}{during(trainer)}"
+                  f"{resume_hint(trainer)}", file=sys.stderr)
+        if in_multirun():
+            raise UserCodeError(describe_error(err)) from None
         sys.exit(2)
     if dp.is_main:
         print(f"[prefzoo] run folder: {out}  (summary.json, metrics.jsonl, eval_*.json, adapter/)", flush=True)
     dp.close()
     after = summary.get("eval_after") or {}
     return after.get("task_accuracy", after.get("task_reward"))
+
+
+def during(trainer) -> str:
+    """`` during training step N`` / `` before training`` (the loop's place), for a one-line error."""
+    if trainer is None:
+        return " while the run was set up"
+    return f" during training step {trainer.step + 1}" if trainer.started else " before training (the evaluation)"
+
+
+def _last_checkpoint(trainer) -> str | None:
+    from prefzoo.training.resume import complete_checkpoints
+
+    try:
+        found = complete_checkpoints(trainer.run_dir)
+    except OSError:
+        return None
+    return found[-1].name if found else None
+
+
+def resume_hint(trainer) -> str:
+    """For an error after training began: ``; the last checkpoint (step-N) is kept: trainer.resume=true continues``."""
+    if trainer is None or not trainer.started:
+        return ""
+    last = _last_checkpoint(trainer)
+    if last is None:
+        return "; no checkpoint was written yet (trainer.save_every), so a new run starts over"
+    return f"; the last checkpoint ({last}) is kept: fix it and continue with trainer.resume=true"
+
+
+def stopped_line(trainer, out) -> str:
+    """The one line Ctrl-C prints: where the run stopped and what continues it."""
+    if trainer is None:
+        return "stopped (Ctrl-C) before training started; nothing to resume."
+    last = _last_checkpoint(trainer)
+    done = f"after {trainer.step} of {trainer.max_steps} steps" if trainer.started else "before its first step"
+    if last is None:
+        return f"stopped (Ctrl-C) {done}; no checkpoint was written yet, so a new run starts over."
+    return (f"stopped (Ctrl-C) {done}; the last checkpoint is {last} in {out}: `trainer.resume=true` continues from "
+            "it.")
 
 
 def build_pairs(argv: list[str] | None = None) -> int:

@@ -52,10 +52,31 @@ def train(argv: list[str]) -> int:
     warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema")
     reject_renamed_keys(argv)  # old key names (algo.num_generations, ...) fail naming the new one
     full = secondary_process_overrides([f"{PROG} train", *argv])  # torchrun: only rank 0 writes
+    full = defer_hydra_record(full)  # .hydra/ written once the run folder is accepted (prefzoo.training.run_folder)
     refuse_unusable_output_dir(full)  # a file or read-only hydra.run.dir: one line, before Hydra's traceback
     sys.argv = full  # Hydra reads its command line from sys.argv
     _hydra_train()
     return 0
+
+
+def defer_hydra_record(argv: list[str]) -> list[str]:
+    """``argv`` with ``hydra.output_subdir=null``: Hydra writes no ``.hydra/`` when the job starts, before the run
+    folder is checked; the run writes it once the folder is accepted, where Hydra would have
+    (:func:`prefzoo.training.run_folder.record_hydra_run`, told by the environment variable ``PREFZOO_HYDRA_SUBDIR``:
+    ``.hydra``, the user's own ``hydra.output_subdir=<name>``, or empty after ``hydra.output_subdir=null``)."""
+    import os
+
+    from prefzoo.training.run_folder import HYDRA_SUBDIR_ENV
+
+    subdir, kept = ".hydra", []
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra.output_subdir":
+            subdir = "" if value.strip().lower() in ("null", "~", "none", "") else value.strip().strip("'\"")
+        else:
+            kept.append(arg)
+    os.environ[HYDRA_SUBDIR_ENV] = subdir
+    return [*kept, "hydra.output_subdir=null"]
 
 
 def pairs(argv: list[str]) -> int:

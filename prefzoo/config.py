@@ -18,6 +18,7 @@ the resolved values.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from prefzoo.types import CorrectionSettings, ObjectiveSettings, SamplingParams
 from prefzoo.errors import ConfigError
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
+
+log = logging.getLogger("prefzoo.config")
 
 
 @dataclass
@@ -357,6 +360,8 @@ def resolve_defaults(cfg: Config) -> Config:
     if (cfg.data.name == "reasoning_gym" and r.name == "arithmetic" and list(r.functions) == ["correctness"]
             and r.weights is None and r.path is None):
         r.name, r.functions = "reasoning_gym", ["reasoning_gym"]
+        log.info("data=reasoning_gym: scored by the tasks' own verifiers (reward=reasoning_gym), not the default "
+                 "reward=arithmetic, which reads the last number of a reply")
     a, o = cfg.algo, cfg.objective
     if o.beta is None:
         o.beta = float(a.default_beta)
@@ -508,6 +513,16 @@ def validate(cfg: Config) -> Config:
     if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.functions):
         raise ConfigError(f"reward.weights has {len(cfg.reward.weights)} entries but reward.functions has "
                           f"{len(cfg.reward.functions)}; give one weight per function.")
+    e = cfg.env
+    if e.target and e.name != "custom":
+        raise ConfigError(f"env.target={e.target} is read with env=custom only, and this run plays env={e.name} (its "
+                          "own built-in environment); write env=custom env.target=..., or drop env.target.")
+    if e.name != "none" and 1 <= e.max_tokens < cfg.rollout.max_new_tokens:
+        raise ConfigError(f"env.max_tokens={e.max_tokens} (an episode's whole budget) is below rollout.max_new_tokens="
+                          f"{cfg.rollout.max_new_tokens} (one turn's): every first turn would be cut at "
+                          f"{e.max_tokens} tokens and no second turn could follow; raise env.max_tokens (e.g. "
+                          f"{e.max_turns * cfg.rollout.max_new_tokens} = env.max_turns x rollout.max_new_tokens) or lower "
+                          "rollout.max_new_tokens.")
     return cfg
 
 
@@ -565,6 +580,12 @@ def check_correction(cfg: Config) -> None:
     c = r.correction
     if c.mode is not None:
         _choice("rollout.correction.mode", c.mode, CORRECTION_MODES)
+    default = CorrectionConfig()
+    band = [f"rollout.correction.{k}={getattr(c, k)}" for k in ("clip_min", "clip_max") if getattr(c, k) != getattr(default, k)]
+    if band and c.mode is None:
+        raise ConfigError(f"{' and '.join(band)} bound the importance weights of a correction, and "
+                          "rollout.correction.mode is null (the mismatch is only logged): choose a mode "
+                          f"({', '.join(CORRECTION_MODES)}) or drop the bound.")
     for key in ("clip_min", "clip_max"):
         value = getattr(c, key)
         if value is not None:

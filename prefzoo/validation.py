@@ -25,13 +25,14 @@ import logging
 import os
 
 from prefzoo.errors import ConfigError
+from prefzoo.models.files import pickled_adapter, pickled_model
 
 log = logging.getLogger("prefzoo.config")
 
-__all__ = ["check_teacher", "check_names", "check_annotator", "check_ood_eval", "check_early_stopping_metric", "check_adapter_path",
-           "pickled_adapter", "check_model_name",
+__all__ = ["check_teacher", "check_teacher_fits", "check_names", "check_annotator", "check_ood_eval", "check_early_stopping_metric", "check_adapter_path",
+           "check_model_name",
            "check_reward_functions", "check_references", "check_batch_size", "check_kl_controller", "warn_idle",
-           "check_rollout_servers"]
+           "check_rollout_servers", "warn_ignored", "check_divergence_support", "check_explicit_reward"]
 
 
 def check_names(cfg) -> None:
@@ -143,16 +144,75 @@ def check_teacher(spec: str | None) -> None:
                           "(adapter_config.json) and no model (config.json); give one of those folders.")
 
 
-def pickled_adapter(folder) -> str | None:
-    """Why a peft adapter folder is refused, or None: one whose weights are only a pickle (``adapter_model.bin``, no
-    ``adapter_model.safetensors``). Loading a pickle can run code, and peft's own error then advises
-    ``weights_only=False`` -- the one dangerous fix; prefzoo loads adapter weights from safetensors only."""
-    if os.path.isfile(os.path.join(folder, "adapter_model.bin")) and \
-            not os.path.isfile(os.path.join(folder, "adapter_model.safetensors")):
-        return ("its weights are adapter_model.bin, a pickle (loading one can run code), and there is no "
-                "adapter_model.safetensors: prefzoo loads adapters in the safetensors format only. Where you trust the "
-                "file, convert it (peft: load it, then save_pretrained(folder, safe_serialization=True)).")
-    return None
+def check_teacher_fits(cfg, spec: str | None) -> None:
+    """A distillation teacher must share the student's vocabulary and, as an adapter, fit the student's base model:
+    checked here, before any model loads, from the tokenizers, the configs and the adapter's safetensors header
+    (:mod:`prefzoo.models.files`); :func:`prefzoo.training.trained.build_teacher` loads it afterwards. A run folder's
+    tokenizer (its ``config.yaml``'s model) or a model's must be the student's; a model's output layer must cover the
+    tokenizer's tokens; an adapter folder's LoRA shapes must fit this run's base model; weights that are only pickles are
+    refused.
+
+    Raises:
+        ConfigError: another vocabulary, a tokenizer that cannot be read, too few output rows, pickled weights.
+        ModelError: an adapter of another base model (the tensor and the layer named).
+    """
+    if spec is None:
+        return
+    from omegaconf import OmegaConf
+
+    from prefzoo.errors import ModelError
+    from prefzoo.models.files import adapter_mismatch, base_config, vocabulary_mismatch
+    from prefzoo.models.loading import load_tokenizer
+
+    who = f"algo.teacher={spec}"
+    path = os.path.expanduser(spec)
+    student = load_tokenizer(cfg.model.name)
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        unsafe = pickled_adapter(path)
+        if unsafe:
+            raise ConfigError(f"{who}: {unsafe}")
+        why = adapter_mismatch(path, base_config(cfg.model, student))
+        if why:
+            raise ModelError(f"{who}: the adapter {path} does not load on its base model ({why}); an adapter loads on "
+                             "the model it was trained on (a run folder names its base in config.yaml).")
+        return
+    if os.path.isdir(path) and any(os.path.exists(os.path.join(path, n)) for n in ("config.yaml", "adapter", "model")):
+        try:
+            name = str(OmegaConf.load(os.path.join(path, "config.yaml")).model.name)
+        except Exception:  # noqa: BLE001 -- an unreadable run config: the loader's one-line error says it
+            return
+        why = vocabulary_mismatch(student, load_tokenizer(name))
+        if why:
+            raise ConfigError(f"{who}: the teacher run's tokenizer ({name}, {why}) is not the student's ({cfg.model.name})"
+                              "; distillation compares next-token distributions over one vocabulary.")
+        return
+    name = path if os.path.exists(path) else spec
+    if name in ("smollm2", "tiny"):  # (the built-in names use the student's tokenizer)
+        return
+    if os.path.isdir(name):
+        unsafe = pickled_model(name)
+        if unsafe:
+            raise ConfigError(f"{who}: {unsafe}")
+    from prefzoo.errors import ModelError as _ModelError
+
+    try:
+        teacher = load_tokenizer(name)
+    except _ModelError as err:
+        raise ConfigError(f"{who}: its tokenizer cannot be read ({err}), so its vocabulary cannot be checked against "
+                          "the student's; give a model folder with its tokenizer files.") from None
+    why = vocabulary_mismatch(student, teacher)
+    if why:
+        raise ConfigError(f"{who}: the teacher's tokenizer ({why}) is not the student's ({cfg.model.name}); "
+                          "distillation compares next-token distributions over one vocabulary.")
+    try:
+        from transformers import AutoConfig
+
+        rows = int(AutoConfig.from_pretrained(name).vocab_size)
+    except Exception:  # noqa: BLE001 -- no config to read: the loader's error says it
+        return
+    if rows < len(student):
+        raise ConfigError(f"{who}: the teacher's output layer covers {rows} tokens, the student's tokenizer has "
+                          f"{len(student)}; the teacher must share the student's vocabulary.")
 
 
 def check_reward_functions(cfg) -> None:
@@ -178,13 +238,16 @@ def check_model_name(cfg) -> None:
         ConfigError: naming the key, the path and what to give instead.
     """
     name = cfg.model.name
-    if name in ("smollm2", "tiny") or not name.startswith(("/", "./", "../", "~")):
+    if name in ("smollm2", "tiny"):
         return
     path = os.path.expanduser(name)
-    if not os.path.isdir(path):
+    if name.startswith(("/", "./", "../", "~")) and not os.path.isdir(path):
         what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
         raise ConfigError(f"model.name={name!r} {what}; give a model folder (with config.json and the weights), a "
                           "Hugging Face model id (org/name), or model=smollm2 / model=tiny.")
+    unsafe = pickled_model(path) if os.path.isdir(path) else None
+    if unsafe:
+        raise ConfigError(f"model.name={name!r}: {unsafe}")
 
 
 def check_references(cfg, num_samples: int = 0) -> None:
@@ -229,6 +292,80 @@ def warn_idle(cfg, trains: bool, uses_beta: bool = True) -> None:
     if trains and cfg.trainer.lr == 0 and cfg.trainer.max_steps > 0:
         log.warning("trainer.lr=0: the optimizer leaves every weight as it is, so the %d steps train nothing; "
                     "give a learning rate > 0, e.g. trainer.lr=2e-4.", cfg.trainer.max_steps)
+
+
+def warn_ignored(cfg, online: bool) -> None:
+    """One warning per setting that cannot apply to this run, though it changes nothing (round 4 of bad inputs): the
+    run goes on as it would without it, and the line says what to drop. ``online``: the plugin samples its own
+    training data (an offline plugin samples nothing: the rollout settings do not apply)."""
+    from prefzoo.config import EnvConfig, RewardConfig, RolloutConfig
+
+    r, e, rw = cfg.rollout, cfg.env, cfg.reward
+    rollout_default = RolloutConfig()
+    ignored = [
+        (e.name != "retry" and e.turn_cost != EnvConfig().turn_cost,
+         f"env.turn_cost={e.turn_cost} is env=retry's cost of another attempt, and this run plays env={e.name}"),
+        (r.correction.mode is None and not r.correction.weight_kl,
+         "rollout.correction.weight_kl=false weighs nothing without rollout.correction.mode (there are no weights)"),
+        (not online and r.log_mismatch, f"rollout.log_mismatch=true: algo={cfg.algo.name} samples nothing to compare"),
+        (not online and r.top_k != rollout_default.top_k,
+         f"rollout.top_k={r.top_k}: algo={cfg.algo.name} samples nothing while it trains (the evaluation samples "
+         "without top-k)"),
+        (not online and r.asynchronous, f"rollout.asynchronous=true: algo={cfg.algo.name} samples no training batch"),
+        (rw.overlong_buffer is None and rw.overlong_penalty != RewardConfig().overlong_penalty,
+         f"reward.overlong_penalty={rw.overlong_penalty} applies over reward.overlong_buffer tokens, and none is set"),
+        (bool(cfg.eval.steps) and max(cfg.eval.steps) > cfg.trainer.max_steps,
+         f"eval.steps={list(cfg.eval.steps)} lists steps past trainer.max_steps={cfg.trainer.max_steps} (those "
+         "evaluations never happen)"),
+    ]
+    for applies, what in ignored:
+        if applies:
+            log.warning("%s: the setting is ignored; drop it.", what)
+    if r.dtype == "float16" and _device_type(cfg) == "cpu":
+        log.warning("rollout.dtype=float16 on a CPU: float16 matmuls have no native kernels here and run far slower "
+                    "than float32 (20x measured); use rollout.dtype=bfloat16 (native on CPUs with AVX512-BF16 or AMX) "
+                    "or leave it unset.")
+
+
+def _device_type(cfg) -> str:
+    import torch
+
+    device = cfg.trainer.device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def check_divergence_support(cfg, supported: bool) -> None:
+    """``objective.divergence`` other than reverse KL (``objective=forward_kl|js|alpha``) with a plugin whose loss has no
+    f-divergence link (capability ``f_divergence``: DPO's family) is refused: the run would train the reverse-KL
+    objective (or none) while its config and summary said otherwise.
+
+    Raises:
+        ConfigError: naming the key, the algorithm and the plugins that take it.
+    """
+    if cfg.objective.divergence != "reverse_kl" and not supported:
+        raise ConfigError(f"objective.divergence={cfg.objective.divergence}: algo={cfg.algo.name} has no f-divergence "
+                          "link to change (the f-divergences of Wang et al. 2024 apply to algo=dpo|rpo|online_dpo; the "
+                          "online plugins estimate KL(pi || pi_ref) with objective.kl_estimator); drop objective=... "
+                          "(reverse_kl, the default).")
+
+
+def check_explicit_reward(cfg, overrides: list[str] | None) -> None:
+    """``data=reasoning_gym`` with ``reward=arithmetic`` written on the command line is refused (the tasks are scored
+    by their own verifiers; the arithmetic reward would read the last number of a reply): only the untouched default is
+    replaced by ``reward=reasoning_gym`` (:func:`prefzoo.config.resolve_defaults`, which says so in the log).
+
+    Raises:
+        ConfigError: naming both choices.
+    """
+    if cfg.data.name != "reasoning_gym" or not overrides:
+        return
+    given = [o.lstrip("+~") for o in overrides]
+    if "reward=arithmetic" in given or any(o.startswith("reward.functions=") and "correctness" in o for o in given):
+        from prefzoo.data.reasoning_gym import check_reward_choice
+
+        check_reward_choice(cfg.data.name, "arithmetic")
 
 
 def check_correction_support(cfg, supported: bool) -> None:

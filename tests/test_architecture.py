@@ -271,5 +271,6 @@ def test_every_builtin_plugin_declares_its_needs(name):
                   "saves_artifacts": "save_artifacts", "step_statistics": "step_statistics",
                   "adaptive_beta": "after_step",  # (after_step updates the KL controller)
                   "turn_rewards": "make_experience",  # (its returns take the step rewards per turn)
-                  "sampler_correction": "make_experience"}[capability]  # (it weights its loss by the correction)
+                  "sampler_correction": "make_experience",  # (it weights its loss by the correction)
+                  "f_divergence": "loss"}[capability]  # (its loss's link is the objective's f-divergence)
         assert getattr(type(algo), method) is not getattr(type(algo).__mro__[-2], method)

@@ -179,6 +179,19 @@ CONFIG_CASES = [
     (["reward.functions=[:fn]"], "bad reward import path"),
     (["eval.gold_reward.functions=[tests.rewards.helpers:nope]"], "eval.gold_reward.functions: reward"),
     (["eval.gold_reward.functions=[format]", "eval.gold_reward.weights=[1.0,2.0]"], "one weight per function"),
+    # round 4 (issue 46): settings that changed the result, or could not apply, accepted without a word
+    (["algo=grpo", "env=retry", "env.target=tests.environments.envs:AdderEnv"],
+     "env.target=tests.environments.envs:AdderEnv is read with env=custom only, and this run plays env=retry"),
+    (["algo=grpo", "env=retry", "env.max_tokens=16", "rollout.max_new_tokens=64"],
+     "env.max_tokens=16 (an episode's whole budget) is below rollout.max_new_tokens=64"),
+    (["algo=grpo", "env=custom", "env.target=tests.environments.faulty_envs:TWO_ADDS"], "two tools are named 'add'"),
+    (["algo=grpo", "rollout.correction.clip_min=0.5"], "rollout.correction.clip_min=0.5 bound the importance weights of "
+                                                       "a correction, and rollout.correction.mode is null"),
+    (["algo=grpo", "rollout.correction.clip_max=5"], "rollout.correction.clip_max=5.0 bound the importance weights"),
+    (["algo=simpo", "algo.gamma_beta_ratio=-0.5"], "algo.gamma_beta_ratio=-0.5: SimPO's target margin gamma"),
+    (["algo=sft", "objective=forward_kl"], "objective.divergence=forward_kl: algo=sft has no f-divergence link"),
+    (["algo=grpo", "objective=js"], "objective.divergence=js: algo=grpo has no f-divergence link"),
+    (["algo=custom", "algo.target=tests.faulty_code:Impostor"], "the plugin is named 'dpo', a built-in algorithm's"),
 ]
 
 
@@ -324,6 +337,9 @@ DATA_CASES = [
      "row 20 (line 21): rejected is null"),
     ("prompts: reward needs a column", "q.jsonl", jsonl([{"prompt": r["prompt"]} for r in ROWS]), "grpo", [],
      "reward 'correctness'"),
+    # round 4: which rows would KTO train on? (before: the unpaired columns, silently)
+    ("kto: pairs and unpaired columns", "b.jsonl", jsonl([dict(r, completion=r["chosen"], label=True) for r in ROWS]),
+     "kto", [], "b.jsonl has both preference-pair columns (chosen/rejected) and unpaired ones (completion/label)"),
 ]
 
 

@@ -5,7 +5,7 @@ Every case runs the CLI: ``python train.py ...`` in a subprocess (the cases mark
 fail before Hydra creates them, a locked folder, and one of each other kind), the others in this process through
 ``prefzoo.cli.run_from_hydra`` on the config ``train.py`` composes (what ``train.py`` calls; the imports are paid
 once). Each asserts: an illegal input exits with status 2 and ONE line ``prefzoo: error: ...`` naming the problem
-(the needle), no traceback, and nothing in the folder changed (``config.yaml`` and ``metrics.jsonl`` as they were,
+(the needle), no traceback, and nothing in the folder changed (every file as it was,
 no model loaded for the in-process refusals); a legal input (resume after damage, nothing to resume, a stale lock,
 more steps) exits 0 with a warning naming what happened.
 
@@ -226,6 +226,12 @@ CASES = [
     Case("new_run_in_a_finished_folder", BASE, "holds an earlier run (metrics.jsonl, summary.json, "
          "checkpoints/step-000002): continue it with trainer.resume=true, or start this run in another folder",
          cli=True),
+    # round 4: the refused run rewrote the finished run's .hydra/overrides.yaml before its refusal (every file is
+    # compared now); a second algorithm in the folder, and a resume with other settings, likewise
+    Case("new_run_with_other_settings_in_a_finished_folder", overriding(BASE, "trainer.seed=5", "trainer.max_steps=3"),
+         "holds an earlier run", cli=True),
+    Case("second_algorithm_resumed_in_a_finished_folder", overriding(RESUME, "algo=simpo"),
+         "algo.name: 'dpo' (checkpoint) vs 'simpo' (now)", cli=True),
     Case("new_run_in_a_folder_with_metrics_only", BASE, "holds an earlier run (metrics.jsonl)",
          prepare=lambda run: [shutil.rmtree(run / "checkpoints"), (run / "summary.json").unlink()]),
     Case("output_is_a_file", BASE, "is a file, not a folder", prepare=a_file, cli=True),
@@ -277,7 +283,11 @@ def case_folder(case: Case, prepared: Path, base: Path) -> tuple[Path, list[str]
 
 
 def snapshot(run: Path) -> dict:
-    return {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.jsonl") if (run / name).is_file()}
+    """Every file of the folder and its bytes (``.hydra/``, ``train.log`` and the checkpoints included), but the lock
+    file, whose holder's details a run writes while it holds it: a refused run must leave all of it as it was (round 4:
+    Hydra used to rewrite ``.hydra/overrides.yaml`` before the refusal)."""
+    return {str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*"))
+            if f.is_file() and f.name != LOCK_FILE}
 
 
 HOLDER = ("import sys, time; from pathlib import Path; from prefzoo.training.run_folder import lock_run_folder; "
@@ -332,7 +342,9 @@ def check(case: Case, rc: int, out: str, err: str, run: Path, before: dict) -> N
     assert len(errors) == 1 and errors == lines[-1:], err[-3000:]
     assert case.needle in errors[0], errors[0]
     if run.is_dir():
-        assert snapshot(run) == before  # config.yaml and metrics.jsonl as they were
+        after = snapshot(run)
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        assert not changed, changed  # every file as it was
     assert not (run / "code-ran").exists() if run.is_dir() else True
 
 

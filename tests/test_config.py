@@ -41,9 +41,9 @@ def test_defaults_compose_to_a_typed_config():
 
 
 def test_group_choices_and_command_line_contract():
-    cfg = typed("algo=simpo", "model=tiny", "objective=js", "trainer.max_steps=3", "trainer.seed=7",
+    cfg = typed("algo=dpo", "model=tiny", "objective=js", "trainer.max_steps=3", "trainer.seed=7",
                 "data=file", "data.path=x.jsonl")
-    assert isinstance(cfg.algo, SimPOConfig)
+    assert isinstance(cfg.algo, DPOConfig)
     assert (cfg.model.name, cfg.objective.divergence, cfg.trainer.max_steps, cfg.trainer.seed) == ("tiny", "js", 3, 7)
     assert (cfg.data.name, cfg.data.path) == ("file", "x.jsonl")
     assert typed("reward=sentiment").data.name == "sentiment"  # data follows reward by default

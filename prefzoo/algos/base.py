@@ -31,6 +31,8 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
                                ``sampler_correction``: the rollout's importance weights
                                (:func:`prefzoo.algos.online.engine_correction`) weight its loss, so
                                ``rollout.correction.*`` is honoured (refused for other plugins)
+``f_divergence`` (capability)  ``objective.divergence`` other than reverse KL (``objective=forward_kl|js|alpha``)
+                               changes the plugin's loss (DPO's family: its link); refused for other plugins
 ``after_step``                 once per step, with the step's metrics; returns extra metrics. Capability
                                ``adaptive_beta``: it updates the KL controller (``kl_ctl``) with the step's KL, so
                                ``objective.kl_controller=adaptive`` is honoured (refused for other plugins)
@@ -65,8 +67,8 @@ from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
 from prefzoo.types import (Batch, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
                            Scorer, ValueHeadSpec)
 
-CAPABILITIES = ("adaptive_beta", "implicit_rewards", "precomputed_reference", "sampler_correction", "saves_artifacts",
-                "step_statistics", "turn_rewards")
+CAPABILITIES = ("adaptive_beta", "f_divergence", "implicit_rewards", "precomputed_reference", "sampler_correction",
+                "saves_artifacts", "step_statistics", "turn_rewards")
 #: what an offline plugin trains on: preference pairs (:class:`~prefzoo.types.PreferenceBatch`) or unpaired labelled
 #: rows (:class:`~prefzoo.types.UnpairedBatch`)
 OFFLINE_DATA = ("pairs", "unpaired")

@@ -45,6 +45,7 @@ of the student's samples).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -59,6 +60,8 @@ from prefzoo.errors import ConfigError
 from prefzoo.objective import (TRUST_REGION_LOSSES, TokenLogits, chunked_generalized_jsd, gae, linear_token_logps,
                                masked_sum, teacher_log_ratio_rewards, token_entropy, token_logps)
 from prefzoo.types import DistillationPolicy, Experience, LossOutput, ObjectiveSettings
+
+log = logging.getLogger(__name__)
 
 LOSS_TYPES = ("jsd", "teacher_reward")
 
@@ -119,6 +122,9 @@ class Distill(OnlinePolicyGradient):
             raise ConfigError(f"objective.beta={objective.beta} with objective.kl_placement=in_reward: algo=distill's "
                               "jsd loss has no reward to put the KL in; use objective.kl_placement=as_loss, or "
                               "algo.loss_type=teacher_reward.")
+        if cfg.loss_type == "teacher_reward" and cfg.jsd_beta != DistillConfig.jsd_beta:
+            log.warning("algo.jsd_beta=%g is the jsd loss's; algo.loss_type=teacher_reward rewards the teacher's "
+                        "log-ratio and ignores it: drop it.", cfg.jsd_beta)
         check_online_settings(cfg, objective)
         check_dynamic_sampling(cfg, "its loss has no reward baseline (the teacher is the target)")
         check_policy_clip(cfg)

@@ -75,6 +75,6 @@ class DPO(DirectPreference):
 
     def declare(self) -> Declaration:
         return Declaration(reference=True, aggregation="example_mean",
-                           capabilities=frozenset({"implicit_rewards", "precomputed_reference"}),
+                           capabilities=frozenset({"implicit_rewards", "precomputed_reference", "f_divergence"}),
                            precompute_reference=self.cfg.precompute_ref_logps,
                            progress_keys=("loss", "rewards/accuracies", "rewards/margins"))

@@ -46,6 +46,7 @@ with a rollout engine that reports its log-probs, ``engine/*`` (:func:`engine_co
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 
@@ -68,6 +69,8 @@ __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "OnlinePolic
            "engine_correction", "corrected_advantages", "place_rewards", "TrustRegionConfig", "check_trust_region",
            "trust_region_policy_loss", "DPPO_DELTA", "dynamic_sampling", "informative_groups",
            "cat_rollouts", "check_dynamic_sampling"]
+
+log = logging.getLogger(__name__)
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
 #: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
@@ -224,6 +227,10 @@ def check_trust_region(cfg, losses: tuple[str, ...]) -> None:
         ConfigError: naming the key and its valid values.
     """
     name = cfg.policy_loss
+    if not name.startswith("dppo") and (cfg.dppo_delta is not None
+                                         or cfg.dppo_ratio_cap != TrustRegionConfig.dppo_ratio_cap):
+        log.warning("algo.dppo_delta / algo.dppo_ratio_cap are DPPO's (algo.policy_loss=dppo_tv|dppo_kl), and "
+                    "algo.policy_loss=%s: they are ignored; drop them.", name)
     if name == "clip":
         raise ConfigError("algo.policy_loss=clip: prefzoo spells PPO's ratio clip 'clipped' (as RLOO's and TRL's "
                           "names for it); write algo.policy_loss=clipped.")
@@ -283,6 +290,14 @@ def zero_spread_warning(num_samples: int, temperature: float, steps: int = ZERO_
         "algo.num_samples, or use an easier task or a reward that gives partial credit.")
 
 
+#: MaxRL (``algo.scale_rewards=mean``): the advantage (r - mean) / mean is 0 for a group whose mean reward is <= 0
+MAXRL_WARNING = MetricWarning(
+    "frac_nonpositive_groups", 1.0, ZERO_SPREAD_STEPS,
+    "every group's mean reward was <= 0, where MaxRL's advantage (r - mean) / mean is 0 (algo.scale_rewards=mean), so "
+    "the loss and its gradient are 0 and nothing trains. MaxRL is for rewards >= 0 with some > 0 (e.g. 0/1 "
+    "correctness); for rewards that can be negative use algo.scale_rewards=group (or none).")
+
+
 def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_baseline: bool = True,
                        capabilities: frozenset[str] = frozenset()) -> Declaration:
     """The declaration of a member: a reference only when beta > 0 (or adaptive), rollouts scored by the run's reward,
@@ -292,6 +307,8 @@ def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_ba
     ``sampler_correction`` (every member weights its loss by :func:`engine_correction`'s weights)."""
     cfg, aggregation = algo.cfg, AGGREGATION_OF[algo.cfg.loss_aggregation]
     warnings = (zero_spread_warning(cfg.num_samples, algo.sampling.temperature),) if group_baseline else ()
+    if isinstance(cfg, GroupRelativeConfig) and cfg.scale_rewards == "mean":
+        warnings += (MAXRL_WARNING,)
     return Declaration(
         reference=algo.beta > 0 or algo.objective.kl_controller == "adaptive", online=True, reward=True,
         aggregation=aggregation,
@@ -562,7 +579,10 @@ def group_relative_advantages(algo: Algorithm, rollout: Rollout, penalty: Tensor
     parallelism ``scale_rewards=batch``'s std is the global batch's (``algo.all_reduce``)."""
     c = algo.cfg
     shaped = rollout.rewards + penalty.sum(-1)
-    return group_advantages(shaped, c.num_samples, c.scale_rewards, c.advantage_eps, all_reduce=algo.all_reduce), {}
+    extra = {}
+    if c.scale_rewards == "mean":  # MaxRL: a group of mean <= 0 gets advantage 0 (MAXRL_WARNING watches the share)
+        extra["frac_nonpositive_groups"] = (shaped.view(-1, c.num_samples).mean(-1) <= 0).float().mean().item()
+    return group_advantages(shaped, c.num_samples, c.scale_rewards, c.advantage_eps, all_reduce=algo.all_reduce), extra
 
 
 # -------------------------------------------------------------------------------------------------- the loss

@@ -88,7 +88,7 @@ class OnlineDPO(DirectPreference):
             f"raise rollout.temperature={self.sampling.temperature:g}, use a reward that gives partial credit, or "
             "algo.judge=bradley_terry.")
         return Declaration(reference=True, online=True, reward=True, aggregation="example_mean", num_samples=2,
-                           capabilities=frozenset({"implicit_rewards"}),
+                           capabilities=frozenset({"implicit_rewards", "f_divergence"}),
                            progress_keys=("reward", "rewards/accuracies", "frac_ties"),
                            warnings=(ties,) if self.cfg.judge == "reward" else ())
 

@@ -52,6 +52,10 @@ class SimPO(Algorithm):
             raise ConfigError(f"algo.sft_weight={cfg.sft_weight} must be >= 0.")
         if not 0 <= cfg.label_smoothing < 0.5:
             raise ConfigError(f"algo.label_smoothing={cfg.label_smoothing} must be in [0, 0.5).")
+        if cfg.gamma_beta_ratio < 0:  # a negative target margin rewards a chosen answer for scoring BELOW the rejected
+            raise ConfigError(f"algo.gamma_beta_ratio={cfg.gamma_beta_ratio}: SimPO's target margin gamma = "
+                              "gamma_beta_ratio x beta must be >= 0 (eq. 6: the chosen reward should exceed the "
+                              "rejected one by gamma; the paper uses gamma/beta 0.3-0.6, 0 is its ablation).")
 
     def declare(self) -> Declaration:
         return Declaration(reference=False, aggregation="example_mean", capabilities=frozenset({"implicit_rewards"}),

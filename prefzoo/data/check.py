@@ -16,7 +16,7 @@ import os
 from prefzoo.data.files import (FILE_TYPES, ORIGIN, bad_row_error, held_out_size, prompt_problem, read_file,
                                 row_label, row_problem)
 from prefzoo.data.preference import normalise_row
-from prefzoo.data.unpaired import is_unpaired, normalise_unpaired_row
+from prefzoo.data.unpaired import check_one_format, is_unpaired, normalise_unpaired_row
 from prefzoo.errors import DataError
 
 
@@ -40,6 +40,8 @@ def check_data_file(cfg, online: bool, data: str = "pairs") -> None:
         raise DataError(f"{d.path} has no 'prompt' column (columns: {columns}). Online algorithms need a prompt per "
                         "row; rename the column or choose another data set.")
     others = [c for c in table.column_names if c not in ("prompt", ORIGIN)]
+    if not online:
+        check_one_format(table.column_names, d.path)
     unpaired = not online and data == "unpaired" and is_unpaired(table.column_names)
     good = 0
     for index, row in enumerate(table):

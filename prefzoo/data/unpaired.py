@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import datasets
 import torch
 
+from prefzoo.errors import DataError
 from prefzoo.data.files import bad_row_error, prompt_problem, row_label, row_problem, text_problem
 from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, checked_examples,
                                      collate_preferences, pad_rows, prompt_and_room, tokenize_completion)
@@ -56,6 +57,20 @@ class UnpairedData:
 def is_unpaired(columns) -> bool:
     """Whether a table with these columns is in the unpaired format (it has ``completion`` or ``label``)."""
     return "completion" in columns or "label" in columns
+
+
+def check_one_format(columns, where: str) -> None:
+    """A table is pairs (``chosen``/``rejected``) or unpaired rows (``completion``/``label``), not both.
+
+    Raises:
+        DataError: it has columns of both formats (which rows to train on would be a guess), naming them.
+    """
+    pair_columns = [c for c in ("chosen", "rejected") if c in columns]
+    unpaired_columns = [c for c in ("completion", "label") if c in columns]
+    if pair_columns and unpaired_columns:
+        raise DataError(f"{where} has both preference-pair columns ({'/'.join(pair_columns)}) and unpaired ones "
+                        f"({'/'.join(unpaired_columns)}): which rows to train on is ambiguous. Keep one format: "
+                        "prompt/chosen/rejected (pairs; algo=kto splits them into rows) or prompt/completion/label.")
 
 
 def parse_label(value) -> bool:

@@ -22,7 +22,8 @@ import logging
 from typing import Any, Callable
 
 from prefzoo.environments.builtin import CalculatorEnvironment, RetryEnvironment
-from prefzoo.environments.contract import SkyRLEpisode, TextEpisode, ToolEpisode, check_environment_class
+from prefzoo.environments.contract import (SkyRLEpisode, TextEpisode, ToolEpisode, call_environment,
+                                          check_environment_class)
 from prefzoo.environments.tools import tool_schema
 from prefzoo.errors import ConfigError
 
@@ -63,16 +64,22 @@ def _factory_of(target: Any, where: str, timeout: float) -> Callable[[], Any]:
     if isinstance(target, (list, tuple)):
         if not target or not all(callable(fn) for fn in target):
             raise ConfigError(f"{where} is a list, but not of functions: a tool list is [fn, ...] (TRL's tools=).")
+        names = [fn.__name__ for fn in target]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"{where}: two tools are named {twice[0]!r}; the policy calls a tool by its name, so only "
+                              "one of them could ever run. Rename one (tools are named by their function's __name__).")
         for fn in target:
             tool_schema(fn)
         functions = list(target)
         return lambda: ToolEpisode(None, functions, timeout)
     kind = check_environment_class(target, where)
+    build = f"{target.__qualname__}.__init__"
     if kind == "text":
-        return lambda: TextEpisode(target())
+        return lambda: TextEpisode(call_environment(target, build))
     if kind == "skyrl":
         return lambda: SkyRLEpisode(target)
-    return lambda: ToolEpisode(target(), (), timeout)
+    return lambda: ToolEpisode(call_environment(target, build), (), timeout)
 
 
 def episode_factory(env_cfg) -> Callable[[], Any] | None:

@@ -18,9 +18,15 @@
 
 The episode loop (:mod:`prefzoo.rollout.multiturn`) asks an episode for its tools (schemas) and first text
 (:meth:`start`), hands it each policy turn (:meth:`respond`: the decoded text and the parsed assistant message) and
-reads its reward at the end (:meth:`reward`). Every failure inside an episode (a tool that raises, times out or returns
-a non-string; an unknown tool; malformed arguments) becomes an observation and a count, never a crash;
-:func:`check_environment_class` checks a class's shape before any model loads.
+reads its reward at the end (:meth:`reward`). Every failure of a TOOL (a tool that raises, ``SystemExit`` included,
+times out or returns a non-string; an unknown tool; malformed arguments) becomes an observation and a count, never a
+crash: the policy called it, and a wrong call is part of what it learns from (TRL's behaviour). A failure of the
+ENVIRONMENT itself (its constructor, ``reset``, ``step``, ``get_reward``, skyrl-gym's ``init``: anything it raises but
+a Ctrl-C, ``SystemExit`` included) stops the run with one line naming the class, the method and the episode
+(:class:`~prefzoo.errors.EnvironmentFailure`): scoring such an episode as failed would train on the environment's bug
+as if it were the policy's; the last checkpoint is kept and ``trainer.resume=true`` continues once it is fixed (the
+same as TRL, whose environment errors end the run). :func:`check_environment_class` checks a class's shape before any
+model loads, and the pre-flight runs ``reset`` and ``get_reward`` once on the first training rows.
 """
 
 from __future__ import annotations
@@ -31,11 +37,11 @@ from numbers import Real
 from typing import Any, Callable
 
 from prefzoo.environments.tools import call_tool, tool_schema
-from prefzoo.errors import ConfigError, DataError
+from prefzoo.errors import ConfigError, DataError, EnvironmentFailure, PrefzooError, describe_error, is_interrupt, raised_at
 from prefzoo.types import Reply
 
 __all__ = ["Episode", "ToolEpisode", "TextEpisode", "SkyRLEpisode", "tool_methods", "check_environment_class",
-           "episode_kind"]
+           "episode_kind", "call_environment"]
 
 _NOT_TOOLS = ("reset", "get_reward")
 
@@ -64,6 +70,25 @@ class Episode:
     def reward(self) -> float | None:
         """The environment's own reward for the finished episode, or None when it keeps none."""
         return None
+
+
+def call_environment(fn: Callable, name: str, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a method of the user's environment called ``name`` (``MyEnv.step``).
+
+    Raises:
+        EnvironmentFailure: it raised anything but a Ctrl-C (``SystemExit`` included): one line naming it, what it
+            raised and where. prefzoo's own errors (a wrong return type) pass as they are; a Ctrl-C passes.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except PrefzooError:
+        raise
+    except BaseException as err:
+        if is_interrupt(err):
+            raise
+        at = raised_at(err)
+        cause = f"{describe_error(err)}{f' at {at}' if at else ''}"
+        raise EnvironmentFailure(f"{name} raised {cause}", method=name, cause=cause) from None
 
 
 def tool_methods(instance) -> dict[str, Callable]:
@@ -97,7 +122,7 @@ class ToolEpisode(Episode):
     def start(self, row: dict) -> str | None:
         if self.instance is None:
             return None
-        text = self.instance.reset(**row)
+        text = call_environment(self.instance.reset, f"{type(self.instance).__name__}.reset", **row)
         if text is not None and not isinstance(text, str):
             raise DataError(f"{type(self.instance).__name__}.reset returned a {type(text).__name__}; it must return a "
                             "string (appended to the last user message) or None.")
@@ -115,7 +140,8 @@ class ToolEpisode(Episode):
         get = getattr(self.instance, "get_reward", None) if self.instance is not None else None
         if get is None:
             return None
-        return _checked_reward(get(), f"{type(self.instance).__name__}.get_reward()")
+        name = f"{type(self.instance).__name__}.get_reward"
+        return _checked_reward(call_environment(get, name), f"{name}()")
 
 
 class TextEpisode(Episode):
@@ -128,7 +154,9 @@ class TextEpisode(Episode):
 
     def start(self, row: dict) -> str | None:
         self.total = 0.0
-        first = self.instance.reset(**row) if self._reset_takes_row else self.instance.reset()
+        name = f"{type(self.instance).__name__}.reset"
+        first = (call_environment(self.instance.reset, name, **row) if self._reset_takes_row
+                 else call_environment(self.instance.reset, name))
         if isinstance(first, tuple):  # gymnasium: (observation, info)
             first = first[0]
         if first is not None and not isinstance(first, str):
@@ -137,8 +165,8 @@ class TextEpisode(Episode):
         return first
 
     def respond(self, text: str, message: dict) -> Reply:
-        out = self.instance.step(text)
         name = f"{type(self.instance).__name__}.step"
+        out = call_environment(self.instance.step, name, text)
         if not isinstance(out, tuple) or len(out) not in (3, 4, 5):
             raise DataError(f"{name} returned {type(out).__name__}; it must return (observation, reward, done) "
                             "(or gymnasium's (observation, reward, terminated, truncated, info)).")
@@ -172,13 +200,13 @@ class SkyRLEpisode(TextEpisode):
         if "reward_spec" not in extras and "answer" in extras:
             extras["reward_spec"] = {"ground_truth": str(extras["answer"])}
         extras.setdefault("extra_info", {})
-        self.instance = self.cls(env_config=None, extras=extras)
-        self.instance.init(row.get("prompt") or [])
+        self.instance = call_environment(self.cls, f"{self.cls.__name__}.__init__", env_config=None, extras=extras)
+        call_environment(self.instance.init, f"{self.cls.__name__}.init", row.get("prompt") or [])
         return None
 
     def respond(self, text: str, message: dict) -> Reply:
-        out = self.instance.step(text)
         name = f"{type(self.instance).__name__}.step"
+        out = call_environment(self.instance.step, name, text)
         if not isinstance(out, dict) or "reward" not in out or "done" not in out:
             raise DataError(f"{name} returned {type(out).__name__}; a skyrl-gym step returns {{'observations', "
                             "'reward', 'done', 'metadata'}.")

@@ -14,19 +14,28 @@ written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the Her
 **Running a call** (:func:`call_tool`): an unknown name, arguments that are not an object or do not fit the signature,
 a tool that raises, returns something other than a string or a number, or runs past ``timeout`` seconds each give an
 error observation the policy reads (``{"error": ...}`` as text, TRL's form) and count as a failed call; the episode
-goes on. A timed-out call keeps running in its worker thread (a thread cannot be stopped), its result is dropped.
+goes on. "Raises" means anything but a Ctrl-C: a tool that calls ``sys.exit()`` is a failed call too (TRL catches
+``Exception`` only, and such a tool would end its run).
+
+**Timeouts.** Each call runs in a daemon thread of its own. One that runs past ``env.tool_timeout`` is answered at the
+timeout and then stopped: :class:`ToolStopped` is raised inside it (CPython's per-thread asynchronous exception), which
+ends pure-Python work at its next bytecode -- a loop, a chain of calls -- so its later side effects do not happen; a
+call blocked inside C code (one long ``time.sleep``, a socket read) stops when that returns. Either way the process
+never waits for it: a daemon thread does not hold the interpreter's exit. The stop cannot run the tool's ``finally``
+blocks' C-level cleanup early, and it is CPython-specific (elsewhere the call is only abandoned, as before).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import ctypes
 import inspect
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from prefzoo.errors import ConfigError
+from prefzoo.errors import ConfigError, describe_error
 
 __all__ = ["tool_schema", "DEFAULT_RESPONSE_TEMPLATE", "default_tools_message", "template_supports_tools",
            "parse_turn", "call_tool", "ToolResult", "CALL_OPEN", "CALL_CLOSE"]
@@ -119,7 +128,39 @@ class ToolResult:
     error: str | None = None
 
 
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="prefzoo-tool")
+class ToolStopped(BaseException):
+    """Raised inside a tool's thread once it has run past ``env.tool_timeout`` (:func:`run_with_timeout`); a
+    ``BaseException``, so that a tool's own ``except Exception`` does not swallow it."""
+
+
+def _stop(thread: threading.Thread) -> None:
+    """Raise :class:`ToolStopped` in ``thread`` at its next Python bytecode (CPython; a no-op elsewhere)."""
+    setter = getattr(getattr(ctypes, "pythonapi", None), "PyThreadState_SetAsyncExc", None)
+    if setter is not None and thread.ident is not None:
+        setter(ctypes.c_ulong(thread.ident), ctypes.py_object(ToolStopped))
+
+
+def run_with_timeout(fn: Callable, arguments: dict, timeout: float) -> tuple[bool, Any, BaseException | None]:
+    """``fn(**arguments)`` in a daemon thread: (finished in time, its result, what it raised -- anything, SystemExit
+    included). A call still running at ``timeout`` seconds is stopped (:class:`ToolStopped`; see the module
+    docstring) and answered (False, None, None) at once."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn(**arguments)
+        except ToolStopped:
+            pass
+        except BaseException as err:  # noqa: BLE001 -- a tool's SystemExit is its failed call, never the run's end
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True, name=f"prefzoo-tool-{getattr(fn, '__name__', 'call')}")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        _stop(thread)
+        return False, None, None
+    return True, box.get("result"), box.get("error")
 
 
 def call_tool(call: Any, tools: dict[str, Callable], timeout: float) -> ToolResult:
@@ -144,13 +185,11 @@ def call_tool(call: Any, tools: dict[str, Callable], timeout: float) -> ToolResu
         inspect.signature(fn).bind(**arguments)
     except TypeError as err:
         return _error(name, f"bad arguments for {name}: {err}")
-    future = _POOL.submit(fn, **arguments)
-    try:
-        result = future.result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        return _error(name, f"{name} ran past env.tool_timeout={timeout} s")
-    except Exception as err:  # the tool raised: its message is the observation (TRL's behaviour)
-        return _error(name, f"{type(err).__name__}: {err}")
+    finished, result, raised = run_with_timeout(fn, arguments, timeout)
+    if not finished:
+        return _error(name, f"{name} ran past env.tool_timeout={timeout} s and was stopped")
+    if raised is not None:  # the tool raised: its message is the observation (TRL's behaviour)
+        return _error(name, describe_error(raised))
     if isinstance(result, bool) or not isinstance(result, (str, int, float)):
         return _error(name, f"{name} returned a {type(result).__name__}, not text")
     return ToolResult({"role": "tool", "name": name, "content": str(result)})

@@ -548,6 +548,23 @@ def render(run: Run, findings: list[Finding], budget: float, source: str) -> str
     return "\n".join([head] + [f"{f.verdict.replace('_', ' ')}: {f.evidence}\n    -> {f.change}" for f in findings])
 
 
+def bad_limit(args) -> str | None:
+    """What is wrong with the command line's thresholds, or None: a KL budget or KL level <= 0 or not finite, fewer
+    than 1 step, a growth ratio <= 0, a relative drop outside (0, 1]."""
+    import math
+
+    checks = [("--kl-budget", args.kl_budget, lambda v: v is None or (math.isfinite(v) and v > 0), "a number of nats > 0"),
+              ("--min-steps", args.min_steps, lambda v: v >= 1, "an integer >= 1"),
+              ("--not-moving-kl", args.not_moving_kl, lambda v: math.isfinite(v) and v > 0, "a number of nats > 0"),
+              ("--length-ratio", args.length_ratio, lambda v: math.isfinite(v) and v > 0, "a ratio > 0"),
+              ("--distinct-drop", args.distinct_drop, lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
+              ("--entropy-drop", args.entropy_drop, lambda v: 0 < v <= 1, "a fraction in (0, 1]")]
+    for flag, value, ok, what in checks:
+        if not ok(value):
+            return f"prefzoo diagnose {flag}={value:g}: give {what}."
+    return None
+
+
 def main(argv=None) -> int:
     """``prefzoo diagnose RUN_DIR [--json] [thresholds]``; a prefzoo error is one line on stderr and exit status 2."""
     parser = argparse.ArgumentParser(prog="prefzoo diagnose", description=__doc__.split("\n\n")[0])
@@ -565,6 +582,10 @@ def main(argv=None) -> int:
                             help=f"{what} (default {default:g})")
     args = parser.parse_args(argv)
     limits = replace(Limits(), **{k: v for k, v in vars(args).items() if k in Limits.__dataclass_fields__})
+    bad = bad_limit(args)
+    if bad is not None:
+        print(f"prefzoo: error: {bad}", file=sys.stderr)
+        return 2
     try:
         run = load_run(args.dir)
         findings, budget, source = diagnose(run, limits)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from numbers import Real
 from typing import Any
 
-from prefzoo.errors import ConfigError, DataError, RewardError
+from prefzoo.errors import ConfigError, DataError, RewardError, describe_error, is_interrupt
 from prefzoo.rewards.arithmetic import correctness, format_reward
 
 log = logging.getLogger(__name__)
@@ -305,10 +305,12 @@ class CombinedReward:
                                                 conversations, environments))
             else:  # prefzoo's positional form (and anything else: its TypeError names what is wrong)
                 scores = fn(list(prompts), list(completions), **columns)
-        except Exception as err:
+        except BaseException as err:  # SystemExit included: the function's error, never the run's silent end
+            if is_interrupt(err):
+                raise
             first = f" starting with completion {_preview(completions[0])}" if batch else ""
             raise RewardError(
-                f"reward function {name!r} raised {type(err).__name__}: {err} ({where}{first}); "
+                f"reward function {name!r} raised {describe_error(err)} ({where}{first}); "
                 f"fix the function or remove it from the reward list."
             ) from err
         if hasattr(scores, "tolist"):  # numpy array or torch tensor

@@ -25,13 +25,19 @@ that bounded staleness moves no fixed point, and a persistent mismatch does unle
 
 **Faults.** A worker that dies or stops answering for ``rollout.async_timeout`` seconds stops the run with one line
 (:class:`~prefzoo.errors.RolloutWorkerError`): the last checkpoint is whole (checkpoints are written by the trainer
-only). The worker ignores Ctrl-C (SIGINT reaches the whole process group): the trainer stops, and stops it.
+only). The worker ignores Ctrl-C (SIGINT reaches the whole process group): the trainer stops, and stops it. A trainer
+that dies without stopping it (``kill -9``, an out-of-memory kill) is noticed by the worker itself: a thread of its own
+waits on the parent's sentinel and ends the worker at once (:func:`_exit_with_parent`), so no orphan keeps its memory
+or the trainer's output pipe.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections import deque
@@ -51,12 +57,28 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
 
 
+def _exit_with_parent() -> None:
+    """(In the worker) end this process as soon as the trainer that started it is gone, however it died: a daemon
+    thread waits on the parent process's sentinel (a pipe the kernel closes when the parent exits), then exits
+    without cleanup (the queues' feeder threads would wait for a reader that is gone)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="prefzoo-parent-watch", daemon=True).start()
+
+
 def _worker(build: Callable[[], tuple[nn.Module, object]], threads: int, requests, results) -> None:
     """The worker process: build the model and its engine, then answer requests in order (see the module docstring).
 
     Messages in: ("weights", version, {name: tensor}), ("sample", step, prompts, num_samples, params, eos_ids, pad_id),
     ("stop",). Out: ("ready",), ("batch", step, version, batch, seconds), ("error", step, message)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
     torch.set_num_threads(max(1, int(threads)))
     step = None
     try:

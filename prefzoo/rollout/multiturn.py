@@ -30,6 +30,7 @@ The result is a :class:`~prefzoo.types.SequenceBatch` whose completion is the wh
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 from dataclasses import dataclass, replace
@@ -37,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from prefzoo.errors import DataError
+from prefzoo.errors import DataError, EnvironmentFailure
 from prefzoo.types import (PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN, EpisodeLog, PromptBatch, SamplingParams,
                            SequenceBatch)
 
@@ -107,6 +108,16 @@ def environment_ids(tokenizer, replies: list[dict], schemas: list[dict], native:
     return tokenizer(after[end + len(eos):], add_special_tokens=False)["input_ids"]
 
 
+@contextlib.contextmanager
+def _episode_context(where: str, when: str):
+    """An environment's error (:class:`~prefzoo.errors.EnvironmentFailure`) names the episode it happened in."""
+    try:
+        yield
+    except EnvironmentFailure as err:
+        raise EnvironmentFailure(f"env: {err}, in the episode of {where}, at {when}; fix the environment (the run "
+                                 "stopped: an environment's error is not the policy's)", err.method, err.cause) from None
+
+
 @dataclass
 class _Running:
     """One episode in progress."""
@@ -120,6 +131,7 @@ class _Running:
     log: EpisodeLog
     seed: int | None
     done: bool = False
+    where: str = ""  # "prompt i, sample j" of the rollout (an environment's error names its episode)
 
 
 class MultiTurnEngine:
@@ -157,8 +169,10 @@ class MultiTurnEngine:
         out = []
         for i, row in enumerate(rows):
             for j in range(num_samples):
-                episode = self.make_episode()
-                first = episode.start({"prompt": messages[i], **row})  # TRL's reset(**row): every column
+                where = f"prompt {i + 1} of {len(rows)}, sample {j + 1}"
+                with _episode_context(where, "its start"):
+                    episode = self.make_episode()
+                    first = episode.start({"prompt": messages[i], **row})  # TRL's reset(**row): every column
                 msgs = copy.deepcopy(list(messages[i]))
                 if first:
                     msgs[-1] = {**msgs[-1], "content": f"{msgs[-1]['content']}\n\n{first}"}
@@ -167,7 +181,7 @@ class MultiTurnEngine:
                 log = EpisodeLog(messages=[], answer="", environment=episode.instance,
                                  turn_rewards=[] if self.settings.reward_placement == "turn" else None)
                 out.append(_Running(episode, msgs, ids, [], [], [], log,
-                                    None if seeds is None else episode_seed(seeds[i], j, 0)))
+                                    None if seeds is None else episode_seed(seeds[i], j, 0), where=where))
         return out
 
     @torch.no_grad()
@@ -221,7 +235,8 @@ class MultiTurnEngine:
         if not tokens or tokens[-1] not in eos:  # a turn cut at its length (or at the budget): the episode ends here
             r.done, r.log.cut = True, True
             return
-        reply = r.episode.respond(text, message)
+        with _episode_context(r.where, f"turn {turn + 1}"):
+            reply = r.episode.respond(text, message)
         r.log.tool_calls += reply.tool_calls
         r.log.tool_errors += reply.tool_errors
         if r.log.turn_rewards is not None and reply.reward is not None:  # on this turn's last token
@@ -244,7 +259,8 @@ class MultiTurnEngine:
 
     def _collate(self, runs: list[_Running], n_prompts: int, num_samples: int, pad_id: int, device) -> SequenceBatch:
         for r in runs:
-            r.log.env_reward = r.episode.reward()
+            with _episode_context(r.where, "its end"):
+                r.log.env_reward = r.episode.reward()
         p_width = max(len(r.prompt_ids) for r in runs)
         c_width = max(1, max(len(r.ids) for r in runs))
         b = len(runs)

@@ -151,34 +151,73 @@ def cache_path(cache_root: Path, key: str) -> Path:
     return Path(cache_root) / "evaluations" / f"{key}.json"
 
 
+#: what every stored evaluation of a starting policy holds (the greedy answers' reward, over how many problems)
+REQUIRED = ("n_problems", "task_reward")
+
+
+def invalid_result(result) -> str | None:
+    """Why ``result`` is not a usable stored evaluation, or None: it must be a mapping that holds :data:`REQUIRED`
+    (``n_problems`` > 0) and whose every metric (a name of :func:`prefzoo.evaluation.metrics.metric_names`, its
+    standard error, ``pass_at_<k>``, the shifted task's ``ood_*``) is a number, not a string or a bool."""
+    from prefzoo.evaluation.metrics import metric_names
+
+    if not isinstance(result, dict):
+        return f"its result is a {type(result).__name__}, not a mapping"
+    missing = [k for k in REQUIRED if k not in result]
+    if missing:
+        return f"its result lacks {', '.join(missing)}"
+    names = set(metric_names(0, ood=True))
+    for k, v in result.items():
+        if (k in names or k.startswith("pass_at_")) and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"its {k} is {v!r}, not a number"
+    if not result["n_problems"] > 0:
+        return f"its n_problems is {result['n_problems']}"
+    return None
+
+
 def load(cache_root: Path, key: str) -> tuple[dict, Path] | None:
     """(the stored policy metrics, the file they came from) for ``key``: the cache's, else the shipped one; None when
-    neither holds it. A damaged cache file is warned about and ignored (it is computed again and replaced)."""
+    neither holds it. An entry that cannot be read (a damaged file, a folder where the file should be, a file where
+    the ``evaluations`` folder should be, no permission) or does not hold the metrics it should
+    (:func:`invalid_result`: an empty result, strings for numbers) is warned about in one line and not used: the
+    evaluation is computed again (and stored in its place where the cache can be written)."""
     for path in (cache_path(cache_root, key), SHIPPED / f"{key}.json"):
-        if not path.is_file():
-            continue
         try:
+            if not path.exists():
+                continue
             stored = json.loads(path.read_text())
-            result = stored["result"]
-            if not isinstance(result, dict):
-                raise TypeError("result is not a mapping")
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            result = stored["result"] if isinstance(stored, dict) else None
+            why = invalid_result(result)
+        except (OSError, ValueError, KeyError) as err:
+            why = f"{type(err).__name__}: {getattr(err, 'strerror', None) or err}"
+        if why is not None:
             log.warning("%s is not a readable evaluation (%s): the evaluation before training is computed again",
-                        path, err)
+                        path, why)
             continue
         return result, path
     return None
 
 
-def store(cache_root: Path, key: str, parts: dict, result: dict, seconds: float) -> Path:
-    """Write ``result`` (the starting policy's metrics) under ``key``, atomically (two runs may finish it at once)."""
+def store(cache_root: Path, key: str, parts: dict, result: dict, seconds: float) -> Path | None:
+    """Write ``result`` (the starting policy's metrics) under ``key``, atomically (two runs may finish it at once).
+    A cache that cannot be written (read-only, a file where its folder should be, a full disk) is warned about in one
+    line and skipped (None): the run goes on, and the next one computes the evaluation again."""
     path = cache_path(cache_root, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     made_by = {"seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": parts, "made_by": made_by, "result": result}, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"key": parts, "made_by": made_by, "result": result}, indent=2, default=str))
+        os.replace(tmp, path)
+    except OSError as err:
+        log.warning("the evaluation before training could not be stored in %s (%s): it is computed again next time",
+                    path, err.strerror or err)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return None
     return path
 
 

@@ -133,6 +133,8 @@ class Trainer:
     #: checkpoint's rows already requested from it (their step, rows)
     async_rollouts = None
     resumed_ahead: list | None = None
+    #: True once the training steps have begun (after the evaluation before training): an error then names the step
+    started = False
 
     def __init__(self, cfg: Config, run_dir: Path, dp: DataParallel | None = None, folder: RunFolder | None = None,
                  algo: Algorithm | None = None):
@@ -157,7 +159,8 @@ class Trainer:
         check_reward_columns(cfg, self.train_prompts)  # before any model loads
         make_episode = episode_factory(cfg.env)  # env=...: rollouts and evaluations become episodes
         environments = probe_environment(make_episode, self.train_prompts)  # a reset that fails stops here
-        probe_reward(self.reward_fn, self.train_prompts, environments)  # a reward that raises or returns NaN: here
+        if self.folder.resume is None:  # a reward that raises or returns NaN: here (a resumed run passed it at its start)
+            probe_reward(self.reward_fn, self.train_prompts, environments)
         self.prefs = None
         self.data_stats: dict = {}
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
@@ -219,11 +222,6 @@ class Trainer:
         self.ood_evaluator = build_ood_evaluator(cfg, self.evaluator, self.tokenizer)  # eval.ood (ood_*), or None
         self.metrics_log = open_metrics_log(cfg, self.run_dir, self.dp.is_main)  # report_to: tensorboard, trackio, wandb
         self.step = 0
-        if cfg.rollout.asynchronous and self.dp.enabled:
-            from prefzoo.errors import ConfigError
-
-            raise ConfigError("rollout.asynchronous=true runs one rollout worker beside one trainer; data parallelism "
-                              "(several processes) is not supported with it yet: drop one of the two.")
         self.async_ahead: list[tuple[int, list[int]]] = []  # (step, rows) submitted to the worker, in order
         self.kl_spent: float | None = None  # the latest KL(pi || pi_ref) measurement, nats per sequence
         self.eval_history: list[dict] = []  # {"step", numeric evaluation metrics...}: before, every N steps, after
@@ -632,6 +630,7 @@ class Trainer:
         if cfg.rollout.asynchronous and self.declaration.online and self.step < self.max_steps:
             self.start_async(self.resumed_ahead)
             self.resumed_ahead = None
+        self.started = True
         try:
             last, stop_reason = self.train_loop(bar, main, last, stop_reason, budget)
         finally:

@@ -9,6 +9,11 @@
   of a data-parallel run takes it.
 * :func:`open_run_folder`: both, then the resume point (:func:`prefzoo.training.resume.find_resume_point`), decided by
   the main process and shared with the others, all before any model loads.
+* Nothing is written into the folder before it is accepted: the command line keeps Hydra from writing ``.hydra/``
+  (``hydra.output_subdir=null``, :func:`prefzoo.commands.train`) and writes it itself once the folder is accepted
+  (:func:`write_hydra_files`), and the run's ``train.log`` handler holds its records until then
+  (:class:`DeferredFileHandler`, ``conf/hydra/job_logging/prefzoo.yaml``; :func:`open_run_log`). A refused run (a
+  finished run's folder, a folder in use, a resume with other settings) leaves every file of the folder as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import socket
 import sys
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,3 +229,110 @@ def open_run_folder(cfg, run_dir: Path, dp) -> RunFolder:
     if error is not None:
         raise error
     return RunFolder(run_dir, point)
+
+
+# ------------------------------------------------------------------------------ what is written once it is accepted
+#: the environment variable through which ``prefzoo train`` tells the run where Hydra's ``.hydra/`` goes (Hydra's own
+#: ``hydra.output_subdir``, which the command line sets to null so that Hydra writes nothing before the check); empty:
+#: nowhere (the user set ``hydra.output_subdir=null``); unset: Hydra wrote it itself (not through ``prefzoo train``)
+HYDRA_SUBDIR_ENV = "PREFZOO_HYDRA_SUBDIR"
+
+_deferred: "weakref.WeakSet[DeferredFileHandler]" = weakref.WeakSet()
+
+
+class DeferredFileHandler(logging.Handler):
+    """A log file handler that holds its records (formatted) in memory until :meth:`open`, then appends them to
+    ``filename`` and writes every later record there as :class:`logging.FileHandler` does. A handler never opened
+    writes nothing (a refused run: the folder it would have written into stays as it was). Hydra's job logging builds
+    it (``conf/hydra/job_logging/prefzoo.yaml``); :func:`open_run_log` opens it once the run folder is accepted."""
+
+    def __init__(self, filename: str, mode: str = "a", encoding: str | None = "utf-8"):
+        super().__init__()
+        self.filename = os.path.abspath(filename)
+        self.mode, self.encoding = mode, encoding
+        self._lines: list[str] = []
+        self._file: logging.FileHandler | None = None
+        _deferred.add(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._file is not None:
+            self._file.emit(record)
+            return
+        try:
+            if len(self._lines) < 100_000:  # (a run that logs this much before its folder is checked: the rest dropped)
+                self._lines.append(self.format(record))
+        except Exception:  # noqa: BLE001 -- logging's own convention: a record that cannot be formatted is reported
+            self.handleError(record)
+
+    def open(self) -> None:
+        """Create the file (append), write the held records, and write every later record there."""
+        if self._file is not None:
+            return
+        self._file = logging.FileHandler(self.filename, mode=self.mode, encoding=self.encoding)
+        self._file.setFormatter(self.formatter)
+        self._file.setLevel(self.level)
+        if self._lines:
+            self._file.stream.write("".join(line + self._file.terminator for line in self._lines))
+            self._file.flush()
+        self._lines = []
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._lines = []
+        super().close()
+
+
+def open_run_log(run_dir: Path) -> None:
+    """Open the :class:`DeferredFileHandler` s that write into ``run_dir`` (the run's ``train.log``): the folder has been
+    accepted."""
+    folder = str(Path(run_dir).resolve())
+    for handler in list(_deferred):
+        if os.path.dirname(handler.filename) == folder:
+            try:
+                handler.open()
+            except OSError as err:
+                raise RunFolderError(f"cannot write the run's log {handler.filename} ({err.strerror or err}); free "
+                                     "space on that disk or choose another folder (hydra.run.dir=...).") from None
+
+
+def write_hydra_files(folder: Path, task_cfg, hydra_cfg, overrides: list[str]) -> None:
+    """``folder/{config,hydra,overrides}.yaml`` as Hydra writes them (``hydra_cfg``: a config whose one key is
+    ``hydra``).
+
+    Raises:
+        RunFolderError: the folder or a file cannot be written (a full disk, a read-only folder): one line.
+    """
+    from omegaconf import OmegaConf
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, node in (("config.yaml", task_cfg), ("hydra.yaml", hydra_cfg),
+                           ("overrides.yaml", OmegaConf.create(list(overrides)))):
+            if node is None:  # (the Python API with a typed Config: no Hydra node)
+                continue
+            with open(folder / name, "w", encoding="utf-8") as file:
+                file.write(OmegaConf.to_yaml(node))
+    except OSError as err:
+        raise RunFolderError(f"cannot write the run's Hydra record into {folder} ({err.strerror or err}); free space "
+                             "on that disk or choose another folder (hydra.run.dir=...).") from None
+
+
+def record_hydra_run(run_dir: Path, task_cfg) -> None:
+    """Under ``prefzoo train``: write Hydra's ``.hydra/`` record of this job into the accepted ``run_dir`` (Hydra was
+    told not to write it before the folder was checked: :data:`HYDRA_SUBDIR_ENV`), and open its ``train.log``."""
+    subdir = os.environ.get(HYDRA_SUBDIR_ENV)
+    if subdir:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf, open_dict, read_write
+
+        if HydraConfig.initialized() and HydraConfig.get().output_subdir is None:
+            hydra_cfg = OmegaConf.masked_copy(HydraConfig.instance().cfg, "hydra")
+            with read_write(hydra_cfg.hydra), open_dict(hydra_cfg.hydra):
+                hydra_cfg.hydra.output_subdir = subdir  # as Hydra would have recorded it
+            write_hydra_files(Path(run_dir) / subdir, task_cfg, hydra_cfg, list(HydraConfig.get().overrides.task))
+    open_run_log(run_dir)

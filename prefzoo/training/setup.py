@@ -21,7 +21,7 @@ from prefzoo.config import Config
 from prefzoo.data.files import split_held_out
 from prefzoo.data.pairs import build_or_load_pairs, pairs_seed, unpaired_path
 from prefzoo.data.preference import PreferenceData, load_table, tokenize_preferences
-from prefzoo.data.unpaired import UnpairedData, class_counts, is_unpaired, pairs_of, split_pairs, tokenize_unpaired
+from prefzoo.data.unpaired import UnpairedData, check_one_format, class_counts, is_unpaired, pairs_of, split_pairs, tokenize_unpaired
 from prefzoo.data.prompts import PromptSet, tokenize_prompts
 from prefzoo.data.tasks import get_task
 from prefzoo.errors import ConfigError
@@ -142,6 +142,7 @@ def unpaired_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | 
                             prefs(load_table(str(eval_path)), f"{d.name} held-out pairs"))
     else:
         train_table, eval_table = data_file_tables(cfg)
+        check_one_format(train_table.column_names, d.path)
         if is_unpaired(train_table.column_names):
             data = UnpairedData(rows(train_table, d.path), pairs_of(rows(eval_table, f"{d.path} (held out)")))
         else:
@@ -423,14 +424,16 @@ PLACEHOLDER_COMPLETION = "The answer is 4."
 
 def probe_environment(make_episode, prompts: PromptSet | None) -> list | None:
     """Before the model loads (``env=...``): start one episode on each of the first two training rows, as a rollout
-    does, so that a class that cannot be built or whose ``reset`` fails stops here in one line naming the class and
-    the method; the episodes' environment instances (for :func:`probe_reward`'s ``environments=``), or None.
+    does, and read its ``get_reward()`` (TRL's contract: an episode may end after its first turn, without a tool call,
+    so the reward must be readable right after ``reset``), so that a class that cannot be built, or whose ``reset`` or
+    ``get_reward`` fails, stops here in one line naming the class and the method; the episodes' environment instances
+    (for :func:`probe_reward`'s ``environments=``), or None.
 
     Raises:
-        ConfigError: ``__init__`` or ``reset`` (``init`` for skyrl-gym) raised, or ``reset`` returned something else
-            than a string or None.
+        ConfigError: ``__init__``, ``reset`` or ``get_reward`` (``init`` for skyrl-gym) raised (anything but a Ctrl-C),
+            ``reset`` returned something else than a string or None, or ``get_reward`` something else than a number.
     """
-    from prefzoo.errors import ConfigError
+    from prefzoo.errors import ConfigError, EnvironmentFailure, PrefzooError, describe_error
     from prefzoo.types import PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN
 
     if make_episode is None or prompts is None or not len(prompts):
@@ -442,17 +445,18 @@ def probe_environment(make_episode, prompts: PromptSet | None) -> list | None:
         row["prompt"] = (batch.columns.get(PROMPT_MESSAGES) or [None] * len(batch))[i]
         try:
             episode = make_episode()
-        except Exception as err:
-            raise ConfigError(f"the environment could not be built: {type(err).__name__}: {err}") from None
-        skyrl = type(episode).__name__ == "SkyRLEpisode"  # built per episode from the row: its class is episode.cls
-        cls = (episode.cls.__name__ if skyrl else type(episode.instance).__name__ if episode.instance is not None
-               else "the tool list")
-        try:
             episode.start(row)
-        except Exception as err:
-            method = "__init__ / init" if skyrl else "reset"
-            raise ConfigError(f"{cls}.{method} failed on the first training row ({type(err).__name__}: {err}); "
-                              f"fix the environment (checked before the model loads).") from None
+            episode.reward()
+        except EnvironmentFailure as err:
+            raise ConfigError(f"{err.method} failed on the {('first', 'second')[i]} training row ({err.cause}); fix "
+                              "the environment (checked before the model loads: the pre-flight builds it and calls "
+                              "reset and get_reward once on the first two training rows).") from None
+        except PrefzooError as err:
+            raise ConfigError(f"{err} (on the {('first', 'second')[i]} training row; checked before the model "
+                              "loads).") from None
+        except Exception as err:  # (a shape the wrappers do not cover)
+            raise ConfigError(f"the environment failed on training row {i + 1} ({describe_error(err)}); fix it "
+                              "(checked before the model loads).") from None
         out.append(episode.instance)
     return out
 

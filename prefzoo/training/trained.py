@@ -20,7 +20,7 @@ from prefzoo.errors import ConfigError, ModelError, RunFolderError
 from prefzoo.models.loading import load_causal_lm, load_tokenizer
 from prefzoo.models.reference import Reference
 from prefzoo.training.layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
-from prefzoo.validation import pickled_adapter
+from prefzoo.models.files import pickled_adapter
 
 log = logging.getLogger(__name__)
 
