@@ -26,16 +26,19 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
-# both cores: pytest-xdist workers, one torch thread each (tests/conftest.py); TEST_WORKERS=0 runs in one process
+# both cores: pytest-xdist workers, one torch thread each (tests/conftest.py); TEST_WORKERS=0 runs in one process,
+# TEST_THREADS= (empty) leaves torch's own thread count. The tests marked `numerics` run at 1 and 2 threads either way.
 TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+THREADS_ENV = $(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS),)
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(XDIST) $(ARGS)
+	$(THREADS_ENV) $(PY) -m pytest $(XDIST) $(ARGS)
 
 # the formula, plugin, architecture and config tests, no model runs (marker `fast`, tests/conftest.py): under 2 minutes
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(XDIST) -m fast $(ARGS)
+	$(THREADS_ENV) $(PY) -m pytest $(XDIST) -m fast $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

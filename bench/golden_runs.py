@@ -137,7 +137,7 @@ def diff(recorded: Path, new: Path, names: list[str]) -> int:
         if a["summary"] is None:
             print(f"{name:24s} (not recorded)")
             continue
-        if b["summary"] is None or b["metrics"] is None:
+        if b["summary"] is None or (b["metrics"] is None) != (a["metrics"] is None):
             changed += 1
             print(f"{name:24s} the new run wrote no summary.json or metrics.jsonl (see {new / name}.log)")
             continue

@@ -33,8 +33,7 @@ import datetime
 import logging
 from pathlib import Path
 
-from prefzoo.errors import (ConfigError, ModelError, PrefzooError, RunFolderError, UserCodeError, describe_error,
-                            user_code_frame)
+from prefzoo.errors import ConfigError, PrefzooError, UserCodeError, describe_error, user_code_frame
 
 __all__ = ["RunResult", "train", "load_policy"]
 

@@ -14,7 +14,6 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 from prefzoo.algos.dpo import DPOConfig
-from prefzoo.algos.simpo import SimPOConfig
 from prefzoo.cli import register_configs, to_typed
 from prefzoo.config import Config, resolve_objective
 from prefzoo.errors import ConfigError

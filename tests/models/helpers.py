@@ -95,3 +95,30 @@ def one_thread_fixture():
     """Body of the autouse fixtures of the tiny-model test folders (see the module docstring)."""
     with threads(1):
         yield
+
+
+@contextlib.contextmanager
+def float64_rms_norm():
+    """Within the block, transformers' LlamaRMSNorm normalises a float64 input in float64 (the same formula).
+
+    As shipped it rounds its input to float32 (an upcast for bf16, a downcast in a float64 model): a float64 model
+    is float32 at its five norms, in the forward and (the cast's backward) in the backward. Two float64 paths ~1e-16
+    apart then round a state to different float32 numbers with probability ~1e-8 per element (the merged copy
+    against the LoRA model: 1.1e-4 per pass, measured from the norms' inputs), which moves logits and gradients by up
+    to 3.2e-7 of their largest entry (measured by injecting one float32 ulp): far above a float64 bound. Inputs of
+    other dtypes take transformers' own path."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    original = LlamaRMSNorm.forward
+
+    def forward(self, hidden_states):
+        if hidden_states.dtype != torch.float64:
+            return original(self, hidden_states)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    LlamaRMSNorm.forward = forward
+    try:
+        yield
+    finally:
+        LlamaRMSNorm.forward = original

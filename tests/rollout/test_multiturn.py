@@ -18,6 +18,7 @@ from prefzoo.environments import episode_factory
 from prefzoo.environments.contract import TextEpisode, ToolEpisode
 from prefzoo.rollout.multiturn import MultiTurnEngine, MultiTurnSettings, environment_ids, episode_seed
 from prefzoo.types import PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
+from tests.bounds import U32
 from tests.environments.envs import AdderEnv, GuessEnv
 from tests.models.helpers import tokenizer
 
@@ -131,7 +132,8 @@ def test_a_text_environment_answers_with_user_messages_and_adds_its_step_rewards
     batch, _ = run(["3", "9", "5"], lambda: TextEpisode(GuessEnv()))
     log = batch.episodes[0]
     assert [m["content"] for m in log.messages if m["role"] == "user"] == ["higher", "lower"]
-    assert (log.turns, log.cut) == (3, False) and log.env_reward == pytest.approx(0.8)
+    # float64 (Python floats): -0.1 - 0.1 + 1 rounds at ~1e-16; 1e-12 leaves 1e4x (kind 1)
+    assert (log.turns, log.cut) == (3, False) and log.env_reward == pytest.approx(0.8, rel=1e-12)
 
 
 def test_step_rewards_are_recorded_on_the_turn_they_reward():
@@ -143,10 +145,13 @@ def test_step_rewards_are_recorded_on_the_turn_they_reward():
     l1, l2 = (len(environment_ids(TOK, [{"role": "user", "content": w}], [], False)) for w in ("higher", "lower"))
     log = batch.episodes[0]
     assert [p for p, _ in log.turn_rewards] == [1, 3 + l1, 5 + l1 + l2]
-    assert [r for _, r in log.turn_rewards] == pytest.approx([-0.1, -0.1, 1.0])
+    assert [r for _, r in log.turn_rewards] == [-0.1, -0.1, 1.0]  # the environment's own floats: exact
     for position, _ in log.turn_rewards:
         assert batch.completion_mask[0, position] and batch.completion_ids[0, position] == EOS
-    assert float(batch.turn_rewards().sum()) == pytest.approx(log.env_reward) == pytest.approx(0.8)
+    # the dense tensor is float32 (kind 2): -0.1 rounded twice (u32 0.1 each) and two additions of partial sums of at
+    # most 1.2 (the zeros add exactly): within 3 u32 x 1.2 = 2.1e-7 (approx's default, 1e-6 relative, was not derived)
+    assert float(batch.turn_rewards().sum()) == pytest.approx(log.env_reward, rel=0, abs=3 * U32 * 1.2)
+    assert log.env_reward == pytest.approx(0.8, rel=1e-12)
     default, _ = run(["3", "9", "5"], lambda: TextEpisode(GuessEnv()))
     assert default.episodes[0].turn_rewards is None and default.turn_rewards() is None
 
@@ -215,5 +220,5 @@ def test_a_skyrl_gym_environment_is_played_through_its_own_step():
     batch, _ = run(["#### 4", "#### 5"], make)
     log = batch.episodes[0]
     assert isinstance(log.environment, GSM8kMultiTurnEnv)
-    assert (log.turns, log.cut) == (2, False) and log.env_reward == pytest.approx(1.04)
+    assert (log.turns, log.cut) == (2, False) and log.env_reward == pytest.approx(1.04, rel=1e-12)  # float64 (kind 1)
     assert log.messages[1]["role"] == "user" and "#### ANSWER" in log.messages[1]["content"]
