@@ -141,7 +141,8 @@ def preflight(cfg: DictConfig, overrides: list[str] | None = None) -> Preflight:
     from prefzoo.training.plugin import build_algorithm
     from prefzoo.validation import (check_batch_size, check_correction_support, check_divergence_support,
                                     check_environment, check_explicit_reward, check_kl_controller, check_names,
-                                    check_references, check_teacher, check_teacher_fits, warn_idle, warn_ignored)
+                                    check_kl_budget, check_references, check_step_rows, check_teacher, check_teacher_fits,
+                                    warn_idle, warn_ignored)
 
     check_names(typed)  # the annotator, eval.ood's shifted task: names in the data's registries
 
@@ -168,6 +169,11 @@ def preflight(cfg: DictConfig, overrides: list[str] | None = None) -> Preflight:
         raise ConfigError(f"reward.overlong_buffer shapes the rewards of an online plugin's training samples; "
                           f"algo={typed.algo.name} trains on none (its data or answers are scored as they are). "
                           "Drop reward.overlong_buffer.")
+    check_step_rows(typed, declaration.num_minibatches, declaration.num_samples)
+    check_kl_budget(typed, declaration)
+    if typed.rollout.engine == "vllm" and launched_world_size() > 1:
+        raise ConfigError("rollout.engine=vllm runs one engine beside one trainer process; data parallelism is not "
+                          "supported with it yet. Launch one process, or use rollout.engine=hf.")
     if typed.rollout.asynchronous and declaration.online and launched_world_size() > 1:
         raise ConfigError("rollout.asynchronous=true runs one rollout worker beside one trainer; data parallelism "
                           f"({launched_world_size()} processes) is not supported with it yet: drop one of the two.")

@@ -76,7 +76,9 @@ def defer_hydra_record(argv: list[str]) -> list[str]:
         else:
             kept.append(arg)
     os.environ[HYDRA_SUBDIR_ENV] = subdir
-    return [*kept, "hydra.output_subdir=null"]
+    # beside the user's overrides (Hydra's parser takes one run of positional overrides; flags may come after them)
+    first = next((i for i, a in enumerate(kept) if i > 0 and "=" in a and not a.startswith("-")), len(kept))
+    return [*kept[:first], "hydra.output_subdir=null", *kept[first:]]
 
 
 def pairs(argv: list[str]) -> int:

@@ -29,6 +29,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from prefzoo.types import CorrectionSettings, ObjectiveSettings, SamplingParams
 from prefzoo.errors import ConfigError
+from prefzoo.text import server_address
 from prefzoo.objective import DIVERGENCES, ESTIMATORS, PLACEMENTS
 
 log = logging.getLogger("prefzoo.config")
@@ -617,24 +618,14 @@ ENGINES = ("hf", "vllm", "vllm_server")
 
 
 def check_server_url(url: str, where: str) -> str:
-    """``url`` without a trailing slash.
+    """``url`` without a trailing slash (:func:`prefzoo.text.server_address`).
 
     Raises:
         ConfigError: naming ``where``, when ``url`` is not ``http(s)://host[:port]``."""
-    from urllib.parse import urlparse
-
-    parsed = urlparse(str(url))
-    try:
-        port = parsed.port
-    except ValueError:  # a port that is not a number in 0..65535
-        port = -1
-    fix = "give http://host:port (e.g. http://127.0.0.1:8000, the address `prefzoo serve --port 8000` prints)"
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or port == -1 or parsed.username:
-        raise ConfigError(f"{where}={url!r} is not a server address; {fix}.")
-    if parsed.path.rstrip("/") or parsed.query or parsed.fragment:
-        raise ConfigError(f"{where}={url!r}: give the server's address without a path (not .../v1: prefzoo adds the "
-                          f"routes); {fix}.")
-    return str(url).rstrip("/")
+    address, problem = server_address(url)
+    if problem is not None:
+        raise ConfigError(f"{where}={url!r}{problem}")
+    return address
 
 
 def check_rollout_engine(cfg: Config) -> None:

@@ -443,3 +443,42 @@ def check_rollout_servers(cfg) -> None:
     m = cfg.model
     name = served_model_name(m.name, tiny_hidden_size=m.tiny_hidden_size, tiny_layers=m.tiny_layers, seed=cfg.trainer.seed)
     check_servers(list(r.servers), name, cfg.data.max_prompt_length + max(r.max_new_tokens, cfg.eval.max_new_tokens))
+
+
+def check_step_rows(cfg, num_minibatches: int, num_samples: int) -> None:
+    """``algo.num_minibatches`` cannot exceed the rows of a step (``trainer.batch_size`` x ``algo.num_samples``).
+
+    Raises:
+        ConfigError: naming both keys.
+    """
+    rows = cfg.trainer.batch_size * max(1, num_samples)
+    if num_minibatches > rows:
+        raise ConfigError(f"algo.num_minibatches={num_minibatches} exceeds the {rows} rows of a step "
+                          "(trainer.batch_size x algo.num_samples); lower it or raise trainer.batch_size.")
+
+
+def has_reference(cfg, declared: bool) -> bool:
+    """Whether the run will have a reference policy: declared by the plugin, or free under LoRA (the adapter-disabled
+    model, for drift metrics: :func:`prefzoo.training.build.build_parts`)."""
+    m = cfg.model
+    return declared or (m.lora.enabled and not m.adapter_path and m.reference != "copy")
+
+
+def check_kl_budget(cfg, declaration) -> None:
+    """``objective.kl_budget`` needs a KL measurement: the online algorithms measure KL(pi || pi_ref) on every step's
+    rollouts (metric ``kl``); the others only in held-out evaluations during training.
+
+    Raises:
+        ConfigError: a KL budget, but nothing measures the KL during training (no reference, or an offline plugin
+            without evaluations during training).
+    """
+    if cfg.objective.kl_budget is None or not declaration.trains:
+        return
+    if not has_reference(cfg, declaration.reference):
+        raise ConfigError(f"objective.kl_budget is set, but this run has no reference to measure KL against "
+                          f"(algo={cfg.algo.name} without LoRA loads none); use LoRA or drop the budget.")
+    periodic = cfg.eval.every or cfg.eval.steps or cfg.trainer.early_stopping.metric
+    if not declaration.online and not periodic:
+        raise ConfigError(f"objective.kl_budget: algo={cfg.algo.name} measures no KL while it trains (it "
+                          "samples nothing); set eval.every=N to measure KL(pi || pi_ref) on held-out samples every "
+                          "N steps, which the budget then uses.")

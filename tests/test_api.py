@@ -92,13 +92,14 @@ def test_train_composes_from_inside_a_hydra_session(tmp_path):
     (["model=tiny", "-m"], "prefzoo.train takes config overrides only, not command-line flags (-m)"),
 ])
 def test_bad_values_renamed_keys_and_flags_raise_before_any_model_loads(monkeypatch, tmp_path, overrides, needle):
-    from prefzoo.training import setup
+    from prefzoo.models import loading
+    from prefzoo.training import loop
 
     def tripwire(*_a, **_k):
         raise AssertionError("a model or tokenizer was loaded before validation")
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
-    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     with pytest.raises(PrefzooError) as err:
         prefzoo.train(overrides, run_dir=tmp_path / "run")
     assert needle in str(err.value) and "\n" not in str(err.value)

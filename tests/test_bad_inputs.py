@@ -29,7 +29,8 @@ import datasets
 import pytest
 
 from prefzoo import cli
-from prefzoo.training import loop, setup
+from prefzoo.models import loading
+from prefzoo.training import loop
 from tests.models.helpers import tokenizer
 from tests.test_config import NAN_INF, composed
 
@@ -96,7 +97,7 @@ def assert_one_error_line(code, stderr: str, needle: str) -> None:
 @pytest.fixture
 def no_model(monkeypatch, tmp_path):
     """Data and reward cases: the run may read data, not load a model (the run folder is a temporary one)."""
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
     monkeypatch.setattr(loop, "load_tokenizer", lambda name: tokenizer())
     monkeypatch.setattr(cli, "run_dir", lambda: tmp_path)  # (outside Hydra; whatever another test left in HydraConfig)
     monkeypatch.chdir(tmp_path)
@@ -105,7 +106,7 @@ def no_model(monkeypatch, tmp_path):
 @pytest.fixture
 def no_run(no_model, monkeypatch):
     """Config cases: nothing may be built at all."""
-    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     monkeypatch.setattr(loop, "Trainer", tripwire)
 

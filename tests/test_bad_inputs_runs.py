@@ -31,7 +31,8 @@ import pytest
 import torch
 
 from prefzoo import cli
-from prefzoo.training import loop, setup
+from prefzoo.models import loading
+from prefzoo.training import loop
 from prefzoo.training.checkpoint import STATE_FILE
 from prefzoo.training.run_folder import LOCK_FILE
 from tests.models.helpers import threads
@@ -357,8 +358,8 @@ def test_bad_input_in_process(case, prepared, tmp_path, monkeypatch, capsys, cap
             raise AssertionError("the trainer, a model or a tokenizer was built before the refusal")
 
         monkeypatch.setattr(loop, "Trainer", tripwire)
-        monkeypatch.setattr(setup, "load_causal_lm", tripwire)
-        monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+        monkeypatch.setattr(loading, "load_causal_lm", tripwire)
+        monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     in_folder(monkeypatch, run)
     rc = 0
     with threads(1), caplog.at_level(logging.WARNING):

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from prefzoo import cli
-from prefzoo.training import loop, setup
+from prefzoo.models import loading
+from prefzoo.training import loop
 from tests import background
 from tests.shared_runs import FIXTURE, ROOT, TINY_RUN  # noqa: F401 (imported from here by other modules)
 from tests.test_config import composed
@@ -113,8 +114,8 @@ def test_bad_values_fail_before_any_model_loads(monkeypatch, capsys, overrides, 
     def tripwire(*_a, **_k):
         raise AssertionError("a model or tokenizer was loaded / the trainer was built before validation")
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
-    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     monkeypatch.setattr(loop, "Trainer", tripwire)
     with pytest.raises(SystemExit) as exit_:
         cli.run_from_hydra(composed("model=tiny", *overrides))
@@ -158,7 +159,7 @@ def test_reward_function_errors_come_before_the_model_loads(monkeypatch, capsys,
     def tripwire(*_a, **_k):
         raise AssertionError("a model was loaded before the reward functions were checked")
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
     monkeypatch.setattr(cli, "run_dir", lambda: tmp_path)  # (outside Hydra; whatever another test left in HydraConfig)
     with pytest.raises(SystemExit) as exit_:
         cli.run_from_hydra(composed("model=tiny", "trainer.device=cpu", "trainer.tensorboard=false", *overrides))

@@ -22,6 +22,7 @@ import torch
 import prefzoo
 from prefzoo import cli
 from prefzoo.errors import ConfigError, EnvironmentFailure, ModelError, RunFolderError
+from prefzoo.models import loading
 from prefzoo.training import baseline, loop, setup
 from tests.algos.hydra_runs import TINY_RUN, compose
 from tests.test_bad_inputs import run_cli
@@ -187,9 +188,11 @@ def test_the_process_does_not_wait_for_a_timed_out_tool(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------ Ctrl-C
 def _interrupt_after_first_step(run: Path, extra: list[str]) -> subprocess.Popen:
+    # (a pytest-xdist worker ignores SIGINT, and a child inherits an ignored signal: the run gets Python's default)
     proc = subprocess.Popen([sys.executable, "train.py", *GRPO, "trainer.max_steps=200", *extra,
                              f"hydra.run.dir={run}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if (run / "checkpoints" / "step-000001" / "trainer_state.pt").is_file():
@@ -403,7 +406,7 @@ def test_the_teachers_checks_come_before_the_student_loads(tmp_path, monkeypatch
     def tripwire(*_a, **_k):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
     for teacher, kind, message in [("bare", ConfigError, "its tokenizer cannot be read"),
                                    ("small", ConfigError, "covers 100 tokens"),
                                    ("other", ConfigError, "tokens against the student's"),
@@ -429,7 +432,8 @@ def test_maxrl_with_no_positive_group_says_so(caplog):
     """MaxRL (scale_rewards=mean) on rewards <= 0: every advantage is 0, so loss and gradient are 0 at every step.
     Before: nothing said so. Now the rollout logs ``frac_nonpositive_groups`` (1.0 here: both groups' means are < 0)
     and the plugin declares the warning the loop prints after 5 such steps."""
-    from prefzoo.algos.online import MAXRL_WARNING, group_relative_advantages
+    from prefzoo.algos.online import group_relative_advantages
+    from prefzoo.algos.online_settings import MAXRL_WARNING
     from prefzoo.training.plugin import build_algorithm
     from prefzoo.training.watch import MetricWatch
 
@@ -502,7 +506,7 @@ def no_model_loaded(monkeypatch, tmp_path):
     from tests.models.helpers import tokenizer
     from tests.test_bad_inputs import tripwire
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
     monkeypatch.setattr(loop, "load_tokenizer", lambda name: tokenizer())
     monkeypatch.setattr(cli, "run_dir", lambda: tmp_path)
     monkeypatch.chdir(tmp_path)

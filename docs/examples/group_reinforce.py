@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from prefzoo.algos.online import OnlineConfig, OnlinePolicyGradient, PolicyLoss, check_online_settings
+from prefzoo.algos.online import OnlinePolicyGradient
+from prefzoo.algos.online_settings import OnlineConfig, check_online_settings
+from prefzoo.algos.trust_region import TokenLoss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import group_advantages, weighted_policy_gradient_loss
 
@@ -32,11 +34,11 @@ class GroupReinforce(OnlinePolicyGradient):
         if cfg.epochs * cfg.num_minibatches > 1:
             raise ConfigError("algo.epochs and algo.num_minibatches must be 1: REINFORCE has no importance ratio.")
 
-    def advantages(self, rollout, penalty):
+    def advantages(self, scored, penalty, step):
         """A_i = R_i - mean of R over its group, R = r + the summed KL penalty (0 unless in the reward). Shape (B,)."""
-        return group_advantages(rollout.rewards + penalty.sum(-1), self.cfg.num_samples, "none", 0.0), {}
+        return group_advantages(scored.rewards + penalty.sum(-1), self.cfg.num_samples, "none", 0.0), {}
 
-    def policy_loss(self, logps, old_logps, batch):
+    def token_loss(self, logps, old_logps, batch):
         """-A log pi on each loss token; nothing is clipped (one optimizer step per rollout)."""
         per_token = weighted_policy_gradient_loss(logps, batch.advantages, batch.loss_mask)
-        return PolicyLoss(per_token, torch.zeros_like(batch.loss_mask))
+        return TokenLoss(per_token, torch.zeros_like(batch.loss_mask))

@@ -20,8 +20,8 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
 ``declare``                    the :class:`Declaration`
 ``loss``                       one micro-batch -> per-token or per-example losses + metrics (always)
 ``step_statistics``            capability ``step_statistics``: sums over the rows of an optimizer step, made before
-                               the losses of its micro-batches; the loop adds them over processes and sets the
-                               means in ``statistics`` (KTO's reference point z0)
+                               the losses of its micro-batches; the loop adds them over processes and passes the
+                               means to ``loss`` as ``step.statistics`` (KTO's reference point z0)
 ``check_data``                 once, with the offline training data's statistics (class counts), before training
 ``loss_mask``                  the tokens ``loss`` returns values for (per-token losses)
 ``make_experience``            online plugins: prompts -> a scored :class:`~prefzoo.types.Experience`. Capability
@@ -29,7 +29,7 @@ loaded when none is needed -- and never probes a plugin with ``hasattr``/``getat
                                turns they reward (:meth:`~prefzoo.types.SequenceBatch.turn_rewards`), so
                                ``env.reward_placement=turn`` is honoured (refused for other plugins). Capability
                                ``sampler_correction``: the rollout's importance weights
-                               (:func:`prefzoo.algos.online.engine_correction`) weight its loss, so
+                               (:func:`prefzoo.algos.online_sampling.engine_correction`) weight its loss, so
                                ``rollout.correction.*`` is honoured (refused for other plugins)
 ``f_divergence`` (capability)  ``objective.divergence`` other than reverse KL (``objective=forward_kl|js|alpha``)
                                changes the plugin's loss (DPO's family: its link); refused for other plugins
@@ -59,13 +59,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from torch import Tensor
 
 from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
-from prefzoo.types import (Batch, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
-                           Scorer, ValueHeadSpec)
+from prefzoo.types import (NO_STEP, Batch, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
+                           StepContext, ValueHeadSpec)
 
 CAPABILITIES = ("adaptive_beta", "f_divergence", "implicit_rewards", "precomputed_reference", "sampler_correction",
                 "saves_artifacts", "step_statistics", "turn_rewards")
@@ -164,8 +164,8 @@ class Declaration:
         teacher: the teacher the loop loads, frozen, beside the policy (a prefzoo run folder, a LoRA adapter folder
             over the run's base model, or a model path or id sharing its tokenizer); the policy the plugin sees is then
             a :class:`~prefzoo.types.DistillationPolicy`. None: no teacher.
-        draws_prompts: the plugin may draw more prompts within a step (DAPO's dynamic sampling): the loop sets its
-            ``draw_prompts`` (one process, synchronous rollouts; refused otherwise before anything loads).
+        draws_prompts: the plugin may draw more prompts within a step (DAPO's dynamic sampling): the loop passes
+            ``step.draw_prompts`` (one process, synchronous rollouts; refused otherwise before anything loads).
     """
 
     reference: bool
@@ -225,26 +225,15 @@ class Algorithm:
         cfg, objective, sampling: the plugin's config, the resolved objective, the rollout's sampling settings.
         declaration: :meth:`declare`'s result, fixed for the run.
         kl_ctl: the beta controller (fixed or adaptive); ``beta`` is its current value.
-        all_reduce: set by the loop under data parallelism: a callable returning the element-wise SUM of a tensor
-            over all processes (every process must call it, in the same order); None in one process. A plugin
-            that computes batch statistics (advantage whitening, a batch-wide reward std) passes it on.
-        draw_prompts: set by the loop for a plugin that declares ``draws_prompts``: ``draw_prompts(round)`` returns
-            the next ``trainer.batch_size`` training prompts (with their rollout seeds, distinct for each ``round`` >= 1
-            of a step); None otherwise.
-        statistics: capability ``step_statistics``: ``{name: mean}`` of the current optimizer step's statistics,
-            over all its rows on all processes (:meth:`step_statistics`), set by the loop before the step's first
-            ``loss``; None before the first step.
-        drift_metrics_due: set by the loop before each step (``trainer.kl_metric_every``): whether a plugin that
-            declares no reference, but has one (the adapter-disabled base under LoRA), runs it this step for the drift
-            metrics alone (``kl``: KL(pi || pi_ref) of the rollouts, a no-grad pass); True where nothing sets it.
+
+    What the loop gives a plugin per step -- the all-reduce under data parallelism, more prompts for dynamic sampling,
+    whether the drift metrics are due, an optimizer step's statistics -- is an argument of :meth:`make_experience` and
+    :meth:`loss` (``step``, a :class:`~prefzoo.types.StepContext`); the loop never writes into a plugin, and a plugin
+    returns what it computes.
     """
 
     name: ClassVar[str]
     config_class: ClassVar[type[AlgoConfig]] = AlgoConfig
-    all_reduce: Callable[[Tensor], Tensor] | None = None
-    statistics: dict[str, float] | None = None
-    draw_prompts: Callable[[int], PromptBatch] | None = None
-    drift_metrics_due: bool = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -279,8 +268,9 @@ class Algorithm:
     def beta(self) -> float:
         return self.kl_ctl.beta
 
-    def loss(self, policy: Policy, batch: Batch) -> LossOutput:
-        """Per-token or per-example losses of one micro-batch (with gradients), and its metrics."""
+    def loss(self, policy: Policy, batch: Batch, step: StepContext = NO_STEP) -> LossOutput:
+        """Per-token or per-example losses of one micro-batch (with gradients), and its metrics. ``step``: the loop's
+        context of this optimizer step (``step.statistics``: capability ``step_statistics``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement loss()")
 
     def loss_mask(self, batch: Batch) -> Tensor | None:
@@ -293,8 +283,10 @@ class Algorithm:
         d = self.declaration
         return loss_normaliser(mask if mask is not None else len(batch), d.aggregation, d.aggregation_constant)
 
-    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[Batch, dict[str, float]]:
-        """Online plugins: sample ``self.sampling``, score, and compute advantages, without gradients.
+    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer,
+                        step: StepContext = NO_STEP) -> tuple[Batch, dict[str, float]]:
+        """Online plugins: sample ``self.sampling``, score, and compute advantages, without gradients. ``step``: the
+        loop's context of this training step (the all-reduce, more prompts, whether the drift metrics are due).
 
         Returns the batch the plugin's ``loss`` trains on and the rollout's metrics: an
         :class:`~prefzoo.types.Experience` (one row per completion: GRPO, PPO, ...), or a
@@ -343,8 +335,8 @@ class Algorithm:
         process that holds none); ``micro_batch_size`` bounds the rows of one forward pass. Runs without
         gradients. Returns ``{name: (sum, count)}`` -- the same names whatever the rows, an empty batch giving
         (0, 0) -- which the loop adds over processes and divides once
-        (:func:`prefzoo.training.step.step_statistics`), setting ``self.statistics = {name: sum / count}``
-        (0.0 where the count is 0) before the step's first ``loss``: a statistic of the whole step, the same
-        whatever the micro-batch size or the number of processes.
+        (:func:`prefzoo.training.step.step_statistics`) and hands to every ``loss`` of the step as
+        ``step.statistics = {name: sum / count}`` (0.0 where the count is 0): a statistic of the whole step, the
+        same whatever the micro-batch size or the number of processes.
         """
         raise NotImplementedError(f"{self.name} does not declare the capability 'step_statistics'")

@@ -33,7 +33,8 @@ from torch import Tensor
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
 from prefzoo.errors import ConfigError
-from prefzoo.types import ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch
+from prefzoo.types import (NO_STEP, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch,
+                           StepContext)
 from prefzoo.objective import best_of_n_indices, best_of_n_kl
 
 
@@ -121,5 +122,5 @@ class BestOfN(Algorithm):
     def evaluation_policy(self, policy: Policy, score: Scorer | None) -> BestOfNPolicy:
         return BestOfNPolicy(policy, score, self.cfg.n)
 
-    def loss(self, policy, batch):
+    def loss(self, policy, batch, step: StepContext = NO_STEP):
         raise NotImplementedError("best-of-n has no training steps: the loop evaluates it directly")

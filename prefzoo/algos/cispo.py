@@ -40,8 +40,9 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (GroupRelativeConfig, OnlinePolicyGradient, PolicyLoss, check_group_relative_settings,
-                                  group_relative_advantages)
+from prefzoo.algos.online import OnlinePolicyGradient, group_relative_advantages
+from prefzoo.algos.online_settings import GroupRelativeConfig, check_group_relative_settings
+from prefzoo.algos.trust_region import TokenLoss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import clipped_is_weight, masked_sum, weighted_policy_gradient_loss
 from prefzoo.types import Experience, ObjectiveSettings
@@ -70,9 +71,9 @@ class CISPO(OnlinePolicyGradient):
                               f"weight) and algo.is_clip_eps_high={cfg.is_clip_eps_high} >= 0.")
         check_group_relative_settings(cfg, objective)
 
-    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+    def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         """-sg(w) A log pi on every loss token, w the clipped importance weight; ``weight_mean`` its token mean."""
         mask = batch.loss_mask
         weights, clipped = clipped_is_weight(logps, old_logps, mask, self.cfg.is_clip_eps_low, self.cfg.is_clip_eps_high)
         per_token = weighted_policy_gradient_loss(logps, batch.advantages, mask, weights)
-        return PolicyLoss(per_token, clipped, tokens={"weight_mean": (float(masked_sum(weights, mask)), float(mask.sum()))})
+        return TokenLoss(per_token, clipped, tokens={"weight_mean": (float(masked_sum(weights, mask)), float(mask.sum()))})

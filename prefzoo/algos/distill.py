@@ -53,13 +53,15 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, TrustRegionConfig,
-                                  add_kl_loss, check_dynamic_sampling, check_online_settings, check_policy_clip,
-                                  check_trust_region, online_declaration, trust_region_policy_loss, update_metrics)
+from prefzoo.algos.online import OnlinePolicyGradient, add_kl_loss, update_metrics
+from prefzoo.algos.online_sampling import ScoredSamples
+from prefzoo.algos.online_settings import (OnlineConfig, check_dynamic_sampling, check_online_settings,
+                                           check_policy_clip, online_declaration)
+from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (TRUST_REGION_LOSSES, TokenLogits, chunked_generalized_jsd, gae, linear_token_logps,
                                masked_sum, teacher_log_ratio_rewards, token_entropy, token_logps)
-from prefzoo.types import DistillationPolicy, Experience, LossOutput, ObjectiveSettings
+from prefzoo.types import NO_STEP, DistillationPolicy, Experience, LossOutput, ObjectiveSettings, StepContext
 
 log = logging.getLogger(__name__)
 
@@ -145,23 +147,23 @@ class Distill(OnlinePolicyGradient):
     def rollout_teacher_logps(self) -> bool:
         return self.cfg.loss_type == "teacher_reward"
 
-    def advantages(self, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def advantages(self, scored: ScoredSamples, penalty: Tensor, step: StepContext) -> tuple[Tensor, dict[str, float]]:
         """``teacher_reward``: the reward-to-go of r_t = log pi_T - log pi_old (plus the KL penalty to pi_ref, 0 unless
         ``objective.beta`` > 0 in the reward) with gamma = ``algo.discount``. Shape (B, T). ``jsd``: zeros (its loss
         reads the teacher's distributions, not an advantage)."""
-        mask = rollout.samples.completion_mask
+        mask = scored.samples.completion_mask
         if self.cfg.loss_type == "jsd":
             return torch.zeros(mask.shape, device=mask.device), {}
-        rewards = teacher_log_ratio_rewards(rollout.teacher_logps, rollout.logps, mask)
+        rewards = teacher_log_ratio_rewards(scored.teacher_logps, scored.logps, mask)
         count = float(mask.sum().clamp(min=1))
         returns, _ = gae(rewards + penalty, torch.zeros_like(penalty), mask, self.cfg.discount, 1.0)
         return returns, {"teacher_kl": float(-masked_sum(rewards, mask)) / count,
-                         "teacher_logp": float(masked_sum(rollout.teacher_logps, mask)) / count}
+                         "teacher_logp": float(masked_sum(scored.teacher_logps, mask)) / count}
 
-    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
-        return trust_region_policy_loss(self.cfg, logps, old_logps, batch)
+    def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
+        return trust_region_token_loss(self.cfg, logps, old_logps, batch)
 
-    def loss(self, policy: DistillationPolicy, batch: Experience) -> LossOutput:
+    def loss(self, policy: DistillationPolicy, batch: Experience, step: StepContext = NO_STEP) -> LossOutput:
         if self.cfg.loss_type == "teacher_reward":
             return super().loss(policy, batch)
         mask, completion = batch.loss_mask, batch.completion_mask

@@ -20,7 +20,7 @@ Choices exposed (and where they come from):
 * ``clip_eps_low`` / ``clip_eps_high``: DAPO's decoupled clip ("clip-higher");
 * ``policy_loss``: ``clipped`` (PPO's clip, eq. 3) or a surrogate without it: ``dppo_tv`` / ``dppo_kl`` (DPPO's
   divergence mask), ``sapo`` (SAPO's soft gate), ``dro`` (DRO's quadratic penalty), with their settings
-  (:class:`~prefzoo.algos.online.TrustRegionConfig`, :func:`~prefzoo.algos.online.trust_region_policy_loss`);
+  (:class:`~prefzoo.algos.trust_region.TrustRegionConfig`, :func:`~prefzoo.algos.trust_region.trust_region_token_loss`);
   ``scale_rewards=mean`` is MaxRL's advantage (r - mean) / mean;
 * ``epochs`` (mu in the paper, TRL's ``num_iterations``): passes over each rollout, each split into
   ``num_minibatches`` optimizer steps; with more than one optimizer step per rollout, the policy's log-probs at
@@ -54,9 +54,9 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (GroupRelativeConfig, OnlinePolicyGradient, PolicyLoss, TrustRegionConfig,
-                                  check_group_relative_settings, check_policy_clip, check_trust_region,
-                                  group_relative_advantages, trust_region_policy_loss)
+from prefzoo.algos.online import OnlinePolicyGradient, group_relative_advantages
+from prefzoo.algos.online_settings import GroupRelativeConfig, check_group_relative_settings, check_policy_clip
+from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
 from prefzoo.objective import TRUST_REGION_LOSSES
 from prefzoo.types import Experience, ObjectiveSettings
 
@@ -82,6 +82,6 @@ class GRPO(OnlinePolicyGradient):
         check_policy_clip(cfg)
         check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
 
-    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+    def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         """PPO's clipped surrogate per token (eq. 3), with DAPO's decoupled clip; or ``algo.policy_loss``'s."""
-        return trust_region_policy_loss(self.cfg, logps, old_logps, batch)
+        return trust_region_token_loss(self.cfg, logps, old_logps, batch)

@@ -47,8 +47,9 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (GroupRelativeConfig, OnlinePolicyGradient, PolicyLoss, check_group_relative_settings,
-                                  check_policy_clip, group_relative_advantages)
+from prefzoo.algos.online import OnlinePolicyGradient, group_relative_advantages
+from prefzoo.algos.online_settings import GroupRelativeConfig, check_group_relative_settings, check_policy_clip
+from prefzoo.algos.trust_region import TokenLoss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (clipped_surrogate_loss, gspo_token_log_ratio, masked_sum, sequence_clipped_surrogate_loss,
                                sequence_log_ratio)
@@ -81,7 +82,7 @@ class GSPO(OnlinePolicyGradient):
         check_group_relative_settings(cfg, objective)
         check_policy_clip(cfg)
 
-    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+    def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         """The clip on s_i (GSPO) or on s_{i,t} (GSPO-token); ``ratio_mean`` is s_i's token mean."""
         c, mask = self.cfg, batch.loss_mask
         if c.importance_sampling_level == "sequence":
@@ -92,5 +93,5 @@ class GSPO(OnlinePolicyGradient):
             per_token, clipped = clipped_surrogate_loss(log_st, torch.zeros_like(log_st), batch.advantages, mask,
                                                         c.clip_eps_low, c.clip_eps_high)
         used = sequence_log_ratio(logps, old_logps, mask).detach().exp()[:, None].expand_as(logps)
-        return PolicyLoss(per_token, clipped, {"sequence_clip_fraction": float(clipped.any(-1).float().mean())},
+        return TokenLoss(per_token, clipped, {"sequence_clip_fraction": float(clipped.any(-1).float().mean())},
                           {"ratio_mean": (float(masked_sum(used, mask)), float(mask.sum()))})

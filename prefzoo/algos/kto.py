@@ -55,7 +55,8 @@ from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, check_beta
 from prefzoo.errors import ConfigError, PluginError
 from prefzoo.objective import kto_loss, sequence_logps
-from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch, SequenceBatch, UnpairedBatch
+from prefzoo.types import (NO_STEP, LossOutput, ObjectiveSettings, Policy, PreferenceBatch, SequenceBatch, StepContext,
+                           UnpairedBatch)
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +160,11 @@ class KTO(Algorithm):
             ref = sequence_logps(policy.ref_logps(batch), batch.completion_mask)
         return seq, seq - ref
 
-    def loss(self, policy: Policy, batch: UnpairedBatch) -> LossOutput:
-        if self.statistics is None or "kl" not in self.statistics:
+    def loss(self, policy: Policy, batch: UnpairedBatch, step: StepContext = NO_STEP) -> LossOutput:
+        if step.statistics is None or "kl" not in step.statistics:
             raise PluginError("KTO's loss needs the step's z0: run it through prefzoo.training.step."
                               "accumulate_gradients (or optimisation_step), which makes the step_statistics pass first.")
-        kl = float(self.statistics["kl"])
+        kl = float(step.statistics["kl"])
         seq, ratio = self.log_ratios(policy, batch)
         desirable = batch.labels.to(torch.bool)
         losses = kto_loss(ratio, desirable, max(0.0, kl), self.beta, self.desirable_weight,

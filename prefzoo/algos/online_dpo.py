@@ -44,11 +44,13 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import Declaration, MetricWarning
-from prefzoo.algos.online import ZERO_SPREAD_STEPS, sample_and_score
+from prefzoo.algos.online_sampling import sample_and_score
+from prefzoo.algos.online_settings import ZERO_SPREAD_STEPS
 from prefzoo.algos.pairwise import DirectPreference, PairwiseConfig, check_pairwise_settings
 from prefzoo.errors import ConfigError
 from prefzoo.objective import sequence_logps
-from prefzoo.types import ROLLOUT_SEED_COLUMN, ObjectiveSettings, Policy, PreferenceBatch, PromptBatch, Scorer
+from prefzoo.types import (NO_STEP, ROLLOUT_SEED_COLUMN, ObjectiveSettings, Policy, PreferenceBatch, PromptBatch,
+                           Scorer, StepContext)
 
 JUDGES = ("reward", "bradley_terry")
 
@@ -93,7 +95,8 @@ class OnlineDPO(DirectPreference):
                            warnings=(ties,) if self.cfg.judge == "reward" else ())
 
     @torch.no_grad()
-    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer) -> tuple[PreferenceBatch, dict]:
+    def make_experience(self, policy: Policy, prompts: PromptBatch, score: Scorer,
+                        step: StepContext = NO_STEP) -> tuple[PreferenceBatch, dict]:
         r = sample_and_score(policy, prompts, score, 2, self.sampling, need_logps=False)
         first, second = r.rewards[0::2], r.rewards[1::2]
         if self.cfg.judge == "reward":

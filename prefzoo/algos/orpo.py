@@ -37,7 +37,7 @@ from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, check_beta
 from prefzoo.algos.pairwise import forward_pairs
 from prefzoo.objective import log_odds, log_odds_ratio, pairwise_loss
-from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch
+from prefzoo.types import NO_STEP, LossOutput, ObjectiveSettings, Policy, PreferenceBatch, StepContext
 
 
 @dataclass
@@ -61,7 +61,7 @@ class ORPO(Algorithm):
         return Declaration(reference=False, aggregation="example_mean", capabilities=frozenset({"implicit_rewards"}),
                            progress_keys=("loss", "rewards/accuracies", "log_odds_chosen"))
 
-    def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
+    def loss(self, policy: Policy, batch: PreferenceBatch, step: StepContext = NO_STEP) -> LossOutput:
         f = forward_pairs(policy, batch)
         nll = -f.chosen_mean
         ratio = log_odds_ratio(f.chosen_mean, f.rejected_mean)

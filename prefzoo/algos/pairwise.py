@@ -44,7 +44,7 @@ from prefzoo.algos.base import AlgoConfig, Algorithm, check_beta
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (PAIRWISE_LOSSES, PairScores, get_divergence, implicit_reward, masked_sum, pairwise_loss,
                                sequence_logps)
-from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch
+from prefzoo.types import NO_STEP, LossOutput, ObjectiveSettings, Policy, PreferenceBatch, StepContext
 
 __all__ = ["PairLogps", "forward_pairs", "PairwiseConfig", "RENAMED_LOSS_TYPES", "loss_types", "check_loss_types",
            "check_pairwise_settings", "DirectPreference"]
@@ -271,7 +271,7 @@ class DirectPreference(Algorithm):
             reference_margin=self.beta * (sides.ref_chosen_logps - sides.ref_rejected_logps).double(),
             chosen_nll=-sides.chosen_mean.double())
 
-    def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
+    def loss(self, policy: Policy, batch: PreferenceBatch, step: StepContext = NO_STEP) -> LossOutput:
         online = self.declaration.online
         sides = self.sides(policy, batch, with_entropy=online)
         kept = None if batch.weights is None else batch.weights > 0

@@ -2,7 +2,7 @@
 
 One step (Ziegler et al. 2019, sec. 2.2; Ouyang et al. 2022, sec. 3.5 and eq. 2; Stiennon et al. 2020):
 
-1. Rollout: for each prompt x sample ``num_samples`` completions y ~ pi_old (the current policy).
+1. ScoredSamples: for each prompt x sample ``num_samples`` completions y ~ pi_old (the current policy).
 2. Score: r(x, y) from the reward source (a program, VADER, or a learned reward model).
 3. Without gradients: old log-probs log pi_old(y_t), reference log-probs log pi_ref(y_t), old values V_old(s_t)
    (s_t = prompt + y_<t, the state before token t).
@@ -45,7 +45,7 @@ Departures and choices:
 * Multi-turn episodes (``env=...``): the completion is the whole trajectory; steps 4-6 run over the policy's own
   tokens (the completion mask), the environment's tokens being part of the state. r(x, y) is the episode's reward
   (the reward functions' and the environment's); with ``env.reward_placement=turn`` each step reward of a text
-  environment is instead placed on the last token of the turn it rewards (:func:`~prefzoo.algos.online.place_rewards`),
+  environment is instead placed on the last token of the turn it rewards (:func:`~prefzoo.algos.online_sampling.place_rewards`),
   so GAE credits each turn with the rewards from that turn on.
 * The reference is always available (with LoRA it is free): the KL is measured even when beta = 0.
 * Log-probs are recomputed with the sampling temperature, as the sampler drew them.
@@ -72,12 +72,15 @@ from torch import Tensor
 
 from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
-from prefzoo.algos.online import (add_kl_loss, bypass_logps, check_adaptive_start, corrected_advantages, drift_metrics,
-                                  engine_correction, place_rewards, sample_metrics)
+from prefzoo.algos.online import add_kl_loss
+from prefzoo.algos.online_sampling import (bypass_logps, corrected_advantages, drift_metrics, engine_correction,
+                                           place_rewards, sample_metrics)
+from prefzoo.algos.online_settings import check_adaptive_start
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
                                kl_penalty_rewards, masked_mean, masked_sum, masked_whiten, ratio_statistics)
-from prefzoo.types import Experience, LossOutput, ObjectiveSettings, PromptBatch, Scorer, ValueHeadSpec, ValuePolicy
+from prefzoo.types import (NO_STEP, Experience, LossOutput, ObjectiveSettings, PromptBatch, Scorer, StepContext,
+                           ValueHeadSpec, ValuePolicy)
 
 
 @dataclass
@@ -134,7 +137,8 @@ class PPO(Algorithm):
         return batch.completion_mask
 
     @torch.no_grad()
-    def make_experience(self, policy: ValuePolicy, prompts: PromptBatch, score: Scorer) -> tuple[Experience, dict[str, float]]:
+    def make_experience(self, policy: ValuePolicy, prompts: PromptBatch, score: Scorer,
+                        step: StepContext = NO_STEP) -> tuple[Experience, dict[str, float]]:
         c, o, temperature = self.cfg, self.objective, self.sampling.temperature
         t0 = time.perf_counter()
         samples = policy.sample(prompts, c.num_samples, self.sampling)
@@ -161,7 +165,7 @@ class PPO(Algorithm):
 
         advantages, returns = gae(token_rewards, old_values, mask, c.gae_gamma, c.gae_lambda)
         if c.whiten_advantages:
-            advantages = masked_whiten(advantages, mask, all_reduce=self.all_reduce)  # global stats under DP
+            advantages = masked_whiten(advantages, mask, all_reduce=step.all_reduce)  # global stats under DP
         # a sampler's own log-probs (rollout.engine=vllm, rollout.log_mismatch): mismatch metrics, importance weights
         is_weights, engine_metrics = engine_correction(policy, samples, old_logps, self.sampling)
         advantages = corrected_advantages(advantages, is_weights)
@@ -183,7 +187,7 @@ class PPO(Algorithm):
                                        old_logps=old_logps, ref_logps=ref_logps, old_values=old_values,
                                        returns=returns), metrics
 
-    def loss(self, policy: ValuePolicy, batch: Experience) -> LossOutput:
+    def loss(self, policy: ValuePolicy, batch: Experience, step: StepContext = NO_STEP) -> LossOutput:
         c = self.cfg
         mask = batch.completion_mask
         logps, _, values = policy.logps_and_values(batch, self.sampling.temperature)

@@ -26,7 +26,7 @@ With ``baseline=group`` the group mean contains r_i itself, which shrinks the RE
 not the penalty's: the fixed point is pi* at beta G/(G-1), the same shift as GRPO's KL loss.
 
 Multi-turn episodes (``env=...``): with ``env.reward_placement=turn`` an environment's step rewards land on the last
-token of the turn each rewards (:func:`~prefzoo.algos.online.place_rewards`), so a turn's reward-to-go holds only the
+token of the turn each rewards (:func:`~prefzoo.algos.online_sampling.place_rewards`), so a turn's reward-to-go holds only the
 rewards from that turn on; the group baseline is the mean of the whole episodes' rewards.
 
 Metrics: the online family's schema (:mod:`prefzoo.algos.online`), and ``return_std`` (std of the returns over
@@ -41,12 +41,14 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, TrustRegionConfig,
-                                  check_dynamic_sampling, check_online_settings, check_policy_clip, check_trust_region,
-                                  online_declaration, place_rewards, trust_region_policy_loss)
+from prefzoo.algos.online import OnlinePolicyGradient
+from prefzoo.algos.online_sampling import ScoredSamples, place_rewards
+from prefzoo.algos.online_settings import (OnlineConfig, check_dynamic_sampling, check_online_settings,
+                                           check_policy_clip, online_declaration)
+from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import TRUST_REGION_LOSSES, gae, group_advantages, masked_var, masked_whiten
-from prefzoo.types import Experience, ObjectiveSettings
+from prefzoo.types import Experience, ObjectiveSettings, StepContext
 
 BASELINES = ("none", "group")
 
@@ -60,7 +62,7 @@ class ReinforcePPConfig(TrustRegionConfig, OnlineConfig):
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     loss_aggregation: str = "dapo"  # grpo | dr_grpo | dapo
-    policy_loss: str = "clipped"  # clipped | dppo_tv | dppo_kl | sapo | dro (online.trust_region_policy_loss)
+    policy_loss: str = "clipped"  # clipped | dppo_tv | dppo_kl | sapo | dro (online.trust_region_token_loss)
 
 
 @register
@@ -87,16 +89,16 @@ class ReinforcePP(OnlinePolicyGradient):
         return online_declaration(self, ("reward", "kl", "clip_fraction"), group_baseline=self.cfg.baseline == "group",
                                   capabilities=frozenset({"turn_rewards"}))  # per-token returns: step rewards per turn
 
-    def advantages(self, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def advantages(self, scored: ScoredSamples, penalty: Tensor, step: StepContext) -> tuple[Tensor, dict[str, float]]:
         """The whitened reward-to-go A_t = sum_{s >= t} r_s of r_s = penalty_s + [s = last] score, score = r (or r minus
         its group mean, ``baseline=group``). Shape (B, T); the whitening's statistics are the global batch's."""
-        mask = rollout.samples.completion_mask
-        scores = (group_advantages(rollout.rewards, self.cfg.num_samples, "none", 0.0) if self.cfg.baseline == "group"
-                  else rollout.rewards)
+        mask = scored.samples.completion_mask
+        scores = (group_advantages(scored.rewards, self.cfg.num_samples, "none", 0.0) if self.cfg.baseline == "group"
+                  else scored.rewards)
         # an environment's step rewards land on their turns (env.reward_placement=turn): later turns' reward-to-go
-        returns, _ = gae(place_rewards(penalty, scores, rollout.samples), torch.zeros_like(penalty), mask, 1.0, 1.0)
-        advantages = masked_whiten(returns, mask, all_reduce=self.all_reduce)  # global batch statistics under DP
+        returns, _ = gae(place_rewards(penalty, scores, scored.samples), torch.zeros_like(penalty), mask, 1.0, 1.0)
+        advantages = masked_whiten(returns, mask, all_reduce=step.all_reduce)  # global batch statistics under DP
         return advantages, {"return_std": float(masked_var(returns, mask)) ** 0.5}
 
-    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
-        return trust_region_policy_loss(self.cfg, logps, old_logps, batch)
+    def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
+        return trust_region_token_loss(self.cfg, logps, old_logps, batch)

@@ -21,7 +21,7 @@ tokens of y_i, and the loss ``policy_loss``:
   -min(s A, clip(s) A).
 
 ``dppo_tv``, ``dppo_kl``, ``sapo``, ``dro``: the surrogates without the ratio clip
-(:func:`prefzoo.algos.online.trust_region_policy_loss`, GRPO's choices too).
+(:func:`prefzoo.algos.trust_region.trust_region_token_loss`, GRPO's choices too).
 
 Both clipped losses (and those four) allow ``epochs`` / ``num_minibatches`` > 1 (the log-probs at sampling time are then stored as
 ``old_logps``). With one optimizer step per rollout all three have the same gradient direction per completion (the
@@ -49,13 +49,14 @@ import torch
 from torch import Tensor
 
 from prefzoo.algos import register
-from prefzoo.algos.online import (OnlineConfig, OnlinePolicyGradient, PolicyLoss, Rollout, TrustRegionConfig,
-                                  check_online_settings, check_policy_clip, check_trust_region,
-                                  trust_region_policy_loss)
+from prefzoo.algos.online import OnlinePolicyGradient
+from prefzoo.algos.online_sampling import ScoredSamples
+from prefzoo.algos.online_settings import OnlineConfig, check_online_settings, check_policy_clip
+from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (TRUST_REGION_LOSSES, leave_one_out_advantages, masked_sum,
                                sequence_clipped_surrogate_loss, sequence_log_ratio, weighted_policy_gradient_loss)
-from prefzoo.types import Experience, ObjectiveSettings
+from prefzoo.types import Experience, ObjectiveSettings, StepContext
 
 POLICY_LOSSES = ("reinforce", "clipped", "clipped_sequence", *TRUST_REGION_LOSSES)
 
@@ -66,7 +67,7 @@ class RLOOConfig(TrustRegionConfig, OnlineConfig):
     default_beta: float = 0.05  # TRL's RLOOConfig kl_coef
     num_samples: int = 4  # k, completions per prompt
     policy_loss: str = "reinforce"  # reinforce | clipped (per-token ratio) | clipped_sequence (TRL 1.16's) | dppo_tv
-    # | dppo_kl | sapo | dro (online.trust_region_policy_loss)
+    # | dppo_kl | sapo | dro (online.trust_region_token_loss)
     clip_eps_low: float = 0.2  # policy_loss=clipped / clipped_sequence only
     clip_eps_high: float = 0.2
 
@@ -88,18 +89,18 @@ class RLOO(OnlinePolicyGradient):
                               "optimizer step per rollout; use algo.policy_loss=clipped for several.")
         check_policy_clip(cfg)
 
-    def advantages(self, rollout: Rollout, penalty: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def advantages(self, scored: ScoredSamples, penalty: Tensor, step: StepContext) -> tuple[Tensor, dict[str, float]]:
         """A_i = R_i - mean of the other k - 1 R_j of its prompt, R = r + sum_t penalty_t. Shape (B,)."""
-        return leave_one_out_advantages(rollout.rewards + penalty.sum(-1), self.cfg.num_samples), {}
+        return leave_one_out_advantages(scored.rewards + penalty.sum(-1), self.cfg.num_samples), {}
 
-    def policy_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> PolicyLoss:
+    def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         c, mask = self.cfg, batch.loss_mask
         if c.policy_loss == "reinforce":
-            return PolicyLoss(weighted_policy_gradient_loss(logps, batch.advantages, mask), torch.zeros_like(mask))
+            return TokenLoss(weighted_policy_gradient_loss(logps, batch.advantages, mask), torch.zeros_like(mask))
         if c.policy_loss != "clipped_sequence":
-            return trust_region_policy_loss(c, logps, old_logps, batch)
+            return trust_region_token_loss(c, logps, old_logps, batch)
         per_token, clipped = sequence_clipped_surrogate_loss(logps, old_logps, batch.advantages, mask, c.clip_eps_low,
                                                              c.clip_eps_high, length_normalised=False)
         used = sequence_log_ratio(logps, old_logps, mask, length_normalised=False).detach().exp()[:, None]
-        return PolicyLoss(per_token, clipped,
+        return TokenLoss(per_token, clipped,
                           tokens={"ratio_mean": (float(masked_sum(used.expand_as(logps), mask)), float(mask.sum()))})

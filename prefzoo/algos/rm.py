@@ -37,7 +37,8 @@ from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
 from prefzoo.errors import ConfigError
 from prefzoo.objective import bradley_terry_loss
-from prefzoo.types import LossOutput, ObjectiveSettings, PreferenceBatch, ValueHeadSpec, ValuePolicy, sequence_rewards
+from prefzoo.types import (NO_STEP, LossOutput, ObjectiveSettings, PreferenceBatch, sequence_rewards, StepContext,
+                           ValueHeadSpec, ValuePolicy)
 
 
 @dataclass
@@ -75,7 +76,7 @@ class RewardModelling(Algorithm):
         rewards = sequence_rewards(policy.values, batch.stacked())
         return rewards[: len(batch)], rewards[len(batch):]
 
-    def loss(self, policy: ValuePolicy, batch: PreferenceBatch) -> LossOutput:
+    def loss(self, policy: ValuePolicy, batch: PreferenceBatch, step: StepContext = NO_STEP) -> LossOutput:
         chosen, rejected = self.pair_rewards(policy, batch)
         losses = bradley_terry_loss(chosen, rejected)
         if self.cfg.center_rewards_coef:

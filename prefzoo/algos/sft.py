@@ -23,7 +23,7 @@ from prefzoo.algos import register
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
 from prefzoo.algos.pairwise import forward_pairs
 from prefzoo.objective import sequence_logps
-from prefzoo.types import LossOutput, Policy, PreferenceBatch
+from prefzoo.types import NO_STEP, LossOutput, Policy, PreferenceBatch, StepContext
 
 
 @dataclass
@@ -45,7 +45,7 @@ class SFT(Algorithm):
     def loss_mask(self, batch: PreferenceBatch) -> Tensor:
         return batch.chosen.completion_mask
 
-    def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
+    def loss(self, policy: Policy, batch: PreferenceBatch, step: StepContext = NO_STEP) -> LossOutput:
         logps, _ = policy.logps(batch.chosen)
         with torch.no_grad():
             metrics = {"logps/chosen": sequence_logps(logps, batch.chosen.completion_mask).mean().item()}

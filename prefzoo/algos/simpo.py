@@ -27,7 +27,7 @@ from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, check_beta
 from prefzoo.algos.pairwise import forward_pairs
 from prefzoo.errors import ConfigError
 from prefzoo.objective import pairwise_loss
-from prefzoo.types import LossOutput, ObjectiveSettings, Policy, PreferenceBatch
+from prefzoo.types import NO_STEP, LossOutput, ObjectiveSettings, Policy, PreferenceBatch, StepContext
 
 
 @dataclass
@@ -65,7 +65,7 @@ class SimPO(Algorithm):
     def gamma(self) -> float:
         return self.cfg.gamma_beta_ratio * self.beta
 
-    def loss(self, policy: Policy, batch: PreferenceBatch) -> LossOutput:
+    def loss(self, policy: Policy, batch: PreferenceBatch, step: StepContext = NO_STEP) -> LossOutput:
         f = forward_pairs(policy, batch)
         chosen_rewards, rejected_rewards = self.beta * f.chosen_mean, self.beta * f.rejected_mean
         margin = chosen_rewards - rejected_rewards - self.gamma

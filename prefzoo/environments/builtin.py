@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import operator
 
-from prefzoo.rewards.arithmetic import extract_final_number
+from prefzoo.text import extract_final_number
 
 __all__ = ["RetryEnvironment", "CalculatorEnvironment", "evaluate_arithmetic", "RETRY_FEEDBACK", "CALCULATOR_HINT"]
 

@@ -192,10 +192,11 @@ def run_offpolicy_case(case: OffPolicyCase, bandit: TabularBandit, beta: float, 
 
     start = time.perf_counter()
     tiled = bandit.tile(seeds)
-    algo = build_algorithm("grpo", {"num_samples": group, "scale_rewards": "none"}, case.objective, beta)
-    algo.sampling = SamplingParams(temperature=algo.sampling.temperature, top_p=1.0,
-                                   max_new_tokens=algo.sampling.max_new_tokens,
-                                   correction=CorrectionSettings(**case.correction))
+    from prefzoo.lab.tabular import BED_SAMPLING
+
+    sampling = SamplingParams(temperature=BED_SAMPLING.temperature, top_p=1.0,
+                              max_new_tokens=BED_SAMPLING.max_new_tokens, correction=CorrectionSettings(**case.correction))
+    algo = build_algorithm("grpo", {"num_samples": group, "scale_rewards": "none"}, case.objective, beta, sampling)
     policy = SamplerPolicy(tiled.ref_logits, staleness=case.staleness, sampler_temperature=case.sampler_temperature,
                            with_reference=algo.declaration.reference, seed=seed)
     source = PromptSource(tiled.num_prompts, repeats=max(1, samples_per_prompt // group))

@@ -29,11 +29,13 @@ from prefzoo.types import ObjectiveSettings, SamplingParams
 __all__ = ["build_algorithm", "train_replicas", "with_reference_logps", "sample_best_of_n"]
 
 
-def build_algorithm(name: str, config: dict, objective: dict, beta: float) -> Algorithm:
+def build_algorithm(name: str, config: dict, objective: dict, beta: float, sampling=None) -> Algorithm:
     """Instantiate the registered plugin ``name`` with config overrides and an objective (``beta`` unless
-    ``objective`` sets it); it samples as the bed does (:data:`~prefzoo.lab.tabular.BED_SAMPLING`)."""
+    ``objective`` sets it); it samples as the bed does (:data:`~prefzoo.lab.tabular.BED_SAMPLING`), or as ``sampling``
+    says."""
     cls = get_algorithm(name)
-    return cls(cls.config_class(**config), ObjectiveSettings(**{"beta": beta, **objective}), BED_SAMPLING)
+    return cls(cls.config_class(**config), ObjectiveSettings(**{"beta": beta, **objective}),
+               BED_SAMPLING if sampling is None else sampling)
 
 
 def train_replicas(algo: Algorithm, bandit: TabularBandit, replicas: int, seed: int, steps: int, lr: float, *,

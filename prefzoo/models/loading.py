@@ -207,3 +207,17 @@ def load_causal_lm(name: str, *, dtype: str = "float32", quantization_config=Non
     except (OSError, ValueError) as err:  # ValueError: huggingface_hub's "Repo id must be in the form ..."
         raise ModelError(f"could not load model {name!r}: {_first_line(err)}. Give a local directory or a reachable "
                          "Hugging Face model id, or model=smollm2 for the built-in default.") from err
+
+
+def load_base_model(model_cfg, seed: int, tokenizer, device: torch.device):
+    """The un-adapted model of ``model_cfg`` (``cfg.model``: name, dtype, 4-bit quantisation, the tiny model's shape),
+    on ``device``; ``seed`` seeds the tiny model's random weights (``trainer.seed``)."""
+    from prefzoo.models.lora import bnb_4bit_config
+
+    m = model_cfg
+    quant = bnb_4bit_config(torch.float32 if m.dtype == "float32" else getattr(torch, m.dtype)) \
+        if m.quantization == "4bit" else None
+    model = load_causal_lm(m.name, dtype=m.dtype, quantization_config=quant, seed=seed, tokenizer=tokenizer,
+                           tiny_kwargs={"hidden_size": m.tiny_hidden_size, "num_layers": m.tiny_layers},
+                           device_map={"": device.index or 0} if quant is not None and device.type == "cuda" else None)
+    return model if quant is not None else model.to(device)

@@ -40,6 +40,7 @@ on a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`) when ``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import contextlib
 import logging
@@ -47,14 +48,12 @@ import logging
 import torch
 from torch import Tensor, nn
 
-from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import PromptBatch, RolloutEngine, SamplingParams, SequenceBatch
 from prefzoo.errors import ModelError
 from prefzoo.models.reference import Reference
-from prefzoo.models.merged import merged_copy
 from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
 from prefzoo.objective import TokenLogits, linear_token_logps, support_log_mass, token_entropy, token_logps
-from prefzoo.rollout.engine import HFEngine, RolloutEngine
-from prefzoo.rollout.generate import _CACHE, position_ids_from_mask
+from prefzoo.models.forward import KV_CACHE_ARGUMENT, position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +132,7 @@ def completion_hidden(body: nn.Module, batch: SequenceBatch, share_prompts: bool
     u_ids, u_mask = batch.prompt_ids[first], batch.prompt_mask[first]
     out = body(input_ids=u_ids, attention_mask=u_mask.long(), position_ids=position_ids_from_mask(u_mask),
                use_cache=True)
-    cache = getattr(out, _CACHE)
+    cache = getattr(out, KV_CACHE_ARGUMENT)
     if cache is None or cache.get_seq_length() != p:
         raise ModelError(f"{type(body).__name__} returned no KV cache of the prompts; run with share_prompts=False.")
     cache.batch_select_indices(inverse)
@@ -141,7 +140,7 @@ def completion_hidden(body: nn.Module, batch: SequenceBatch, share_prompts: bool
     # positions of the completion columns: real tokens before them (a padding column repeats its neighbour's, never read)
     positions = position_ids_from_mask(mask)[:, p:p + c - 1]
     rest = body(input_ids=batch.completion_ids[:, :c - 1], attention_mask=mask[:, :p + c - 1], position_ids=positions,
-                use_cache=True, **{_CACHE: cache})
+                use_cache=True, **{KV_CACHE_ARGUMENT: cache})
     return torch.cat([out.last_hidden_state[inverse, -1:], rest.last_hidden_state], dim=1)
 
 
@@ -171,21 +170,21 @@ class CausalLMPolicy:
             False: always the plain path.
         share_prompts: (fused path) rows with the same prompt run it once.
         head_chunk_size: (fused path) positions per chunk of the output layer.
-        merged_rollout: sample from a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`).
         compute_dtype: run forwards under autocast to this dtype (e.g. ``torch.bfloat16``); None: the weights'.
-        engine: what draws the samples (:mod:`prefzoo.rollout.engine`); None: :class:`~prefzoo.rollout.engine.HFEngine`
-            (with ``merged_rollout``).
+        engine: what draws the samples (:class:`~prefzoo.types.RolloutEngine`: the run's engine stack, built once by
+            :func:`prefzoo.training.setup.build_engine`); None: a policy that never samples (:meth:`sample` raises).
+        train_forward: data parallelism: the wrapper (DDP over the trainable modules, or them sharded: see
+            :mod:`prefzoo.training.distributed`) called as ``train_forward("policy", **model_kwargs)`` or
+            ``train_forward("value", batch)``; None: one process.
         padding_free: log-probs (policy and reference) from one packed pass of the batch's real tokens
             (:mod:`prefzoo.models.packing`), where the model's attention can run it and the batch has the layout;
             else padded.
         teacher: a frozen teacher (``algo=distill``: :class:`~prefzoo.types.DistillationPolicy`), run as the reference
             is (:class:`~prefzoo.models.reference.Reference`), or None.
 
-    Data parallelism: the training loop sets ``train_forward`` to a wrapper (DDP over the trainable modules,
-    see :mod:`prefzoo.training.distributed`) called as ``train_forward("policy", **model_kwargs)`` or
-    ``train_forward("value", batch)``. Forward passes that carry gradients go through it, so gradients are
-    all-reduced in the backward; passes without gradients (sampling, old/reference log-probs, evaluation)
-    use the plain model and involve no other process.
+    Data parallelism: forward passes that carry gradients go through ``train_forward``, so gradients are all-reduced
+    in the backward; passes without gradients (sampling, old/reference log-probs, evaluation) use the plain model and
+    involve no other process.
     """
 
     #: per-token log-probs exist (a best-of-n procedure has none); the evaluation reads it
@@ -196,15 +195,15 @@ class CausalLMPolicy:
     def __init__(self, model: nn.Module, tokenizer, reference: Reference | None = None,
                  value_model: nn.Module | None = None, logits_chunk_size: int | None = 64,
                  generator: torch.Generator | None = None, fused_logps: bool = True, share_prompts: bool = True,
-                 head_chunk_size: int = 256, merged_rollout: bool = True, compute_dtype: torch.dtype | None = None,
-                 engine: RolloutEngine | None = None, padding_free: bool = False, teacher: Reference | None = None):
+                 head_chunk_size: int = 256, compute_dtype: torch.dtype | None = None,
+                 engine: RolloutEngine | None = None, padding_free: bool = False, teacher: Reference | None = None,
+                 train_forward: Callable | None = None):
         self.model = model
         self.teacher = teacher
         self.padding_free = padding_free
         self.fused_logps = fused_logps
         self.share_prompts = share_prompts
         self.head_chunk_size = head_chunk_size
-        self.merged_rollout = merged_rollout
         self.compute_dtype = compute_dtype
         self._fused_ok: dict[int, bool] = {}  # id(module) -> whether its logits are head(body(...))
         self.tokenizer = tokenizer
@@ -212,11 +211,11 @@ class CausalLMPolicy:
         self.value_model = value_model
         self.logits_chunk_size = logits_chunk_size
         self.generator = generator
-        self.train_forward = None
+        self.train_forward = train_forward
         self.pad_id = tokenizer.pad_token_id
         eos = tokenizer.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
-        self.engine: RolloutEngine = engine if engine is not None else HFEngine(merged_copy if merged_rollout else None)
+        self.engine = engine
 
     @property
     def device(self) -> torch.device:
@@ -472,16 +471,12 @@ class CausalLMPolicy:
         the same prompt and seed give the same samples whatever else is in the batch. Otherwise they come from
         ``self.generator``.
         """
+        if self.engine is None:
+            raise ModelError("this policy was built without a rollout engine, so it cannot sample; pass engine= "
+                             "(e.g. prefzoo.rollout.engine.HFEngine()).")
         with self.autocast():
             return self.engine.sample(self.model, prompts, num_samples, params, eos_token_ids=self.eos_token_ids,
                                       pad_id=self.pad_id, generator=self.generator)
-
-    def sampling_model(self) -> nn.Module:
-        """The module the hf engine's rollouts run: a merged-weights copy of a LoRA policy (``merged_rollout``),
-        else the model."""
-        if isinstance(self.engine, HFEngine):
-            return self.engine.sampling_model(self.model)
-        return self.model
 
 
 @torch.no_grad()

@@ -261,7 +261,7 @@ def correction_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor,
         mask (MIS):      w <- w if C_min <= w <= C_max, else 0       tokens (or whole sequences) too far off dropped
 
     Masking at token level with a band [lo, hi] is IcePop's token masking. The weight multiplies each counted token's
-    policy-gradient loss (:func:`prefzoo.algos.online.corrected_advantages`: for a loss linear in the advantage with
+    policy-gradient loss (:func:`prefzoo.algos.online_sampling.corrected_advantages`: for a loss linear in the advantage with
     w >= 0 that equals weighting the advantage); a weight of 0 removes the token's gradient but the token still
     counts in the loss normaliser, as in TRL. Only ``mask``'s tokens (the policy's own: an environment's tokens are
     not actions) enter the sequence sum; w = 1 at the others.

@@ -13,38 +13,13 @@ from typing import Any
 
 from prefzoo.data.tasks import PLAIN_INSTRUCTION, WORD_PROBLEM_INSTRUCTION
 from prefzoo.errors import RewardError
-from prefzoo.text import NUMBER_PATTERN
+from prefzoo.text import NUMBER_PATTERN, extract_final_number
 
 __all__ = ["NUMBER_PATTERN", "FORMAT_MAX_TRAILING_CHARS", "extract_final_number", "correctness", "format_reward"]
 
 #: The most characters ``format_reward`` allows after the final number for it to count as "at the end"
 #: (e.g. "." or "**" or "}$."); they must not be letters or digits.
 FORMAT_MAX_TRAILING_CHARS = 3
-
-
-def _to_number(token: str) -> int | float:
-    token = token.replace(",", "").replace("\u2212", "-")
-    return float(token) if "." in token else int(token)
-
-
-def extract_final_number(text: str) -> int | float | None:
-    """The last number written in ``text``, or None when it has none.
-
-    Reads "1,234" as 1234, "-5" (and "−5") as -5, "= 78." as 78, "2.5" as 2.5 (a float; an int when
-    there is no decimal point). See :data:`prefzoo.text.NUMBER_PATTERN` for the exact rule.
-
-    Examples:
-        >>> extract_final_number("23 + 45 = 68.")
-        68
-        >>> extract_final_number("I owe -1,200 dollars")
-        -1200
-        >>> extract_final_number("no digits here") is None
-        True
-    """
-    last = None
-    for last in NUMBER_PATTERN.finditer(text):
-        pass
-    return None if last is None else _to_number(last.group())
 
 
 def _as_answer(value: Any, index: int) -> int | float:

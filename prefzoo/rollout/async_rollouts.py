@@ -19,7 +19,7 @@ engine would return, with ``sample_logps`` (the log-probs it was drawn with) and
 
 **The loss.** Each sample's behaviour policy is the worker's: the plugin recomputes log pi_old with the trainer's
 current weights and, with ``rollout.correction.mode``, weights by pi_old / pi_behaviour
-(:func:`prefzoo.algos.online.engine_correction`), or with ``rollout.correction.bypass`` uses the worker's log-probs as
+(:func:`prefzoo.algos.online_sampling.engine_correction`), or with ``rollout.correction.bypass`` uses the worker's log-probs as
 pi_old. Without either, the staleness is logged and not corrected; the tabular rows of the conformance table show
 that bounded staleness moves no fixed point, and a persistent mismatch does unless both terms are weighted.
 
@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from prefzoo.errors import RolloutWorkerError
-from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
 
 __all__ = ["AsyncRollouts", "AsyncEngine", "adapter_state"]
 
@@ -132,6 +132,7 @@ class AsyncRollouts:
                                    name="prefzoo-rollout-worker")
         self.process.start()
         self.pending: deque[int] = deque()  # steps submitted and not yet taken, in order
+        self.pending_seeds: deque[list[int]] = deque()  # their prompts' rollout seeds
         self.version: int | None = None  # the newest adapter version sent
         self._receive("ready", None, max(self.timeout, 600.0) if start_timeout is None else float(start_timeout))
 
@@ -176,6 +177,16 @@ class AsyncRollouts:
         self.requests.put(("sample", int(step), prompts.to("cpu"), int(num_samples), params, list(eos_token_ids),
                            int(pad_id)))
         self.pending.append(int(step))
+        self.pending_seeds.append(list(prompts.columns.get(ROLLOUT_SEED_COLUMN) or []))
+
+    def next_pending(self) -> tuple[int, list[int]]:
+        """(step, its prompts' rollout seeds) of the next rollout to take.
+
+        Raises:
+            RolloutWorkerError: none is pending (a schedule bug)."""
+        if not self.pending:
+            raise RolloutWorkerError("no rollout was submitted to the worker for this step (a schedule bug)")
+        return self.pending[0], self.pending_seeds[0]
 
     def take(self, step: int) -> tuple[SequenceBatch, dict[str, float]]:
         """The rollout of ``step`` and its metrics: ``async/staleness`` (step - the version that drew it, <= k),
@@ -190,6 +201,7 @@ class AsyncRollouts:
         start = time.perf_counter()
         _, got, version, batch, seconds = self._receive("batch", step)
         self.pending.popleft()
+        self.pending_seeds.popleft()
         if got != step:
             raise RolloutWorkerError(f"the rollout worker returned step {got + 1} where step {step + 1} was due")
         staleness = step - version
@@ -216,28 +228,43 @@ class AsyncRollouts:
 
 
 class AsyncEngine:
-    """A rollout engine whose ``sample`` hands out the worker's rollout of the current step (:class:`AsyncRollouts`):
-    put in place of the policy's engine for a training step's rollout only (the evaluation samples the trainer's
-    current weights with the usual engine). ``step`` is set by the trainer before each step; ``last_metrics`` holds
-    the step's ``async/*`` metrics. ``keep_logps=False`` drops the worker's log-probs from the rollout, so that a run
-    that neither corrects nor logs the mismatch does not pay the trainer's extra no-grad pass that comparing them
-    takes."""
+    """The asynchronous layer of the engine stack (``rollout.asynchronous``): it serves a training step's rollout from
+    the worker (:class:`AsyncRollouts`), and every other call -- the held-out evaluation, which samples the trainer's
+    current weights -- from the engine below it (``inner``).
 
-    name = "async"
+    A training step's prompts carry their per-prompt rollout seeds (:data:`~prefzoo.types.ROLLOUT_SEED_COLUMN`, set
+    by the loop); the worker was asked for exactly those prompts and seeds, in step order, so a call with seeds is the
+    next pending rollout, checked against it. ``last_metrics`` holds the last served rollout's ``async/*`` metrics.
+    ``keep_logps=False`` drops the worker's log-probs from the rollout, so that a run that neither corrects nor logs
+    the mismatch does not pay the trainer's extra no-grad pass that comparing them takes. The worker is attached by
+    :meth:`serve` once the run starts (after a resume); before that every call goes to ``inner``."""
 
-    def __init__(self, rollouts: AsyncRollouts, keep_logps: bool = True):
-        self.rollouts = rollouts
+    def __init__(self, inner, keep_logps: bool = True):
+        self.inner = inner
+        self.name = inner.name
         self.keep_logps = keep_logps  # False: the worker's log-probs are dropped (no correction, no mismatch pass)
-        self.step = 0
+        self.rollouts: AsyncRollouts | None = None
         self.last_metrics: dict[str, float] = {}
+
+    def serve(self, rollouts: AsyncRollouts | None) -> None:
+        """Serve the training steps' rollouts from ``rollouts`` (None: from ``inner`` again, the worker stopped)."""
+        self.rollouts = rollouts
 
     def sample(self, model, prompts: PromptBatch, num_samples: int, params: SamplingParams, *, eos_token_ids,
                pad_id: int, generator=None) -> SequenceBatch:
-        batch, self.last_metrics = self.rollouts.take(self.step)
-        if len(batch) != len(prompts) * num_samples or not torch.equal(batch.prompt_ids[::num_samples].cpu(),
-                                                                         prompts.prompt_ids.cpu()):
-            raise RolloutWorkerError(f"the worker's rollout of step {self.step + 1} is of other prompts than the "
+        seeds = prompts.columns.get(ROLLOUT_SEED_COLUMN)
+        if self.rollouts is None or seeds is None:
+            return self.inner.sample(model, prompts, num_samples, params, eos_token_ids=eos_token_ids, pad_id=pad_id,
+                                     generator=generator)
+        step, wanted = self.rollouts.next_pending()
+        batch, self.last_metrics = self.rollouts.take(step)
+        if (list(seeds) != wanted or len(batch) != len(prompts) * num_samples
+                or not torch.equal(batch.prompt_ids[::num_samples].cpu(), prompts.prompt_ids.cpu())):
+            raise RolloutWorkerError(f"the worker's rollout of step {step + 1} is of other prompts than the "
                                      "trainer's (a schedule bug)")
         if not self.keep_logps:
             batch.sample_logps = None
         return batch.to(prompts.prompt_ids.device)
+
+    def close(self) -> None:
+        self.inner.close()

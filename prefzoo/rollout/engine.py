@@ -25,38 +25,14 @@ in both engines (each engine has its own random stream: the same seed does not g
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, RolloutEngine, SamplingParams, SequenceBatch
 
 __all__ = ["RolloutEngine", "HFEngine"]
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What draws completions for a policy.
-
-    Attributes:
-        name: ``hf``, ``vllm`` or ``vllm_server`` (``rollout.engine``, :data:`prefzoo.config.ENGINES`).
-    """
-
-    name: str
-
-    def sample(self, model: nn.Module, prompts: PromptBatch, num_samples: int, params: SamplingParams, *,
-               eos_token_ids: list[int], pad_id: int, generator: torch.Generator | None = None) -> SequenceBatch:
-        """``num_samples`` completions per prompt from ``model`` as it is now (the trained model: a peft model
-        under LoRA). An engine that keeps weights of its own brings them up to date with ``model`` first.
-
-        ``eos_token_ids`` end a completion (the EOS is its last counted token), ``pad_id`` fills after it (the
-        policy's, passed on each call); ``generator`` draws the randomness of prompts without a
-        :data:`ROLLOUT_SEED_COLUMN` seed.
-        The result may carry ``sample_logps`` (Shape (B*G, T), the engine's log-probs of its tokens)."""
-
-    def close(self) -> None:
-        """Free what the engine holds (processes, memory); a no-op for an in-process engine."""
 
 
 class HFEngine:

@@ -23,16 +23,11 @@ import weakref
 
 import torch
 from torch import Tensor
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from prefzoo.models.forward import KV_CACHE_ARGUMENT, position_ids_from_mask
 from prefzoo.objective import support_mask
 from prefzoo.rollout.kv_cache import PreallocatedKV, can_preallocate, mask_format
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
-
-
-def position_ids_from_mask(mask: Tensor) -> Tensor:
-    """Positions counting only real tokens, so left padding does not shift them. Shape (B, L) long."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def filter_support(logits: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:
@@ -80,10 +75,6 @@ def prompt_uniforms(seeds: list[int], num_samples: int, steps: int, device: torc
     out = [torch.rand((num_samples, steps), generator=torch.Generator(device=device).manual_seed(int(s)),
                       device=device) for s in seeds]
     return torch.cat(out) if out else torch.zeros((0, steps), device=device)
-
-
-# transformers >= 5.2x names the KV cache argument and output field ``cache`` (``past_key_values`` before)
-_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 KV_CACHES = ("static", "dynamic")
@@ -158,7 +149,7 @@ def sample_completions(model, prompts: PromptBatch, num_samples: int, params: Sa
     position = position_ids_from_mask(prompts.prompt_mask)
     out = model(input_ids=prompts.prompt_ids, attention_mask=prompts.prompt_mask.long(), position_ids=position,
                 use_cache=True, logits_to_keep=1)
-    cache = getattr(out, _CACHE)
+    cache = getattr(out, KV_CACHE_ARGUMENT)
     steps = params.max_new_tokens
     result = _Result(rows, steps, pad_id, device, entropy=params.report_entropy)
     logits = out.logits[:, -1].float().repeat_interleave(num_samples, dim=0)
@@ -234,7 +225,7 @@ def _decode_dynamic(model, cache, logits, attention, next_position, params, eos,
             break
         attention = torch.cat([attention, torch.ones(len(active), 1, dtype=attention.dtype, device=device)], dim=1)
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
-                    use_cache=True, **{_CACHE: cache})
+                    use_cache=True, **{KV_CACHE_ARGUMENT: cache})
         logits = out.logits[:, -1].float()
         next_position = next_position + 1
 
@@ -294,7 +285,7 @@ def _decode_static(model, kv: PreallocatedKV, logits, position, params, eos, gen
                 feed = torch.zeros(len(slots), dtype=token.dtype, device=device)
             feed[live] = token
         out = model(input_ids=feed[:, None], attention_mask=kv.step_mask(1), position_ids=position,
-                    use_cache=True, **{_CACHE: kv.cache})
+                    use_cache=True, **{KV_CACHE_ARGUMENT: kv.cache})
         kv.advance(1)
         logits = out.logits[:, -1].float()
         position = position + 1

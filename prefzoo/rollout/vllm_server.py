@@ -58,7 +58,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from prefzoo.config import check_server_url
+from prefzoo.text import server_address
 from prefzoo.errors import ConfigError, ModelError
 from prefzoo.rollout.vllm_engine import completion_batch, prompt_id_lists, request_seeds, trainable_stamp
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
@@ -95,6 +95,14 @@ def served_model_name(name: str, *, tiny_hidden_size: int = 64, tiny_layers: int
     if name == "tiny":
         return f"tiny-h{tiny_hidden_size}-l{tiny_layers}-s{seed}"
     return name
+
+
+def _address(url: str, where: str) -> str:
+    """``url`` as a server address (:func:`prefzoo.text.server_address`), or a one-line ConfigError naming ``where``."""
+    address, problem = server_address(url)
+    if problem is not None:
+        raise ConfigError(f"{where}={url!r}{problem}")
+    return address
 
 
 def _client(timeout: float):
@@ -136,7 +144,7 @@ def check_servers(urls: list[str], model_name: str, need_tokens: int, timeout: f
     with _client(timeout) as http:
         for i, raw in enumerate(urls):
             where = f"rollout.servers[{i}]"
-            url = check_server_url(raw, where)
+            url = _address(raw, where)
             try:
                 answer = http.get(f"{url}/v1/models")
                 answer.raise_for_status()
@@ -204,7 +212,7 @@ class VLLMServerEngine:
                  timeout: float = 600.0, is_main: bool | None = None, wait_seconds: float = 600.0):
         if not servers:
             raise ConfigError("rollout.engine=vllm_server needs rollout.servers=[http://host:port, ...].")
-        self.servers = [check_server_url(s, f"rollout.servers[{i}]") for i, s in enumerate(servers)]
+        self.servers = [_address(s, f"rollout.servers[{i}]") for i, s in enumerate(servers)]
         self.live = list(self.servers)
         self.model_name = model_name
         self._own_dir = adapter_dir is None

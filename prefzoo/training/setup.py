@@ -1,22 +1,16 @@
-"""Build a run's parts from the typed config: data, tokenizer, model, policy, reward, evaluator.
-
-Each part is built only if the algorithm needs it: no reference copy when the plugin declares none
-(with LoRA the adapter-disabled model still serves drift metrics for free), no value head unless
-a value head only when it declares one, no preference pairs for online algorithms.
+"""Build a run's data and rewards from the typed config: the task's prompts, the preference pairs or unpaired rows an
+offline plugin trains on (no pairs for an online one), the reward and gold reward, the evaluation's reward and
+correctness, and the checks made before any model loads (the reward's columns; one episode of the environment, the
+reward functions once on placeholder completions). The model, the engine stack and the policy:
+:mod:`prefzoo.training.build`.
 """
 
 from __future__ import annotations
 
 import logging
-import tempfile
-import time
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 
 import torch
 
-from prefzoo.algos.base import Declaration
 from prefzoo.config import Config
 from prefzoo.data.files import split_held_out
 from prefzoo.data.pairs import build_or_load_pairs, pairs_seed, unpaired_path
@@ -25,11 +19,8 @@ from prefzoo.data.unpaired import UnpairedData, check_one_format, class_counts, 
 from prefzoo.data.prompts import PromptSet, tokenize_prompts
 from prefzoo.data.tasks import get_task
 from prefzoo.errors import ConfigError
-from prefzoo.models.loading import DTYPES, cache_dir, load_causal_lm, load_tokenizer
-from prefzoo.models.lora import bnb_4bit_config, wrap_trainable
+from prefzoo.models.loading import cache_dir, load_base_model
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.models.precision import check_weight_dtype, keep_trainable_float32, warn_if_emulated
-from prefzoo.models.reference import make_reference
 from prefzoo.rewards import make_reward
 
 log = logging.getLogger(__name__)
@@ -102,12 +93,13 @@ def builtin_pairs(cfg: Config, tokenizer, reward_fn, train_prompts, eval_prompts
                   unpaired: bool = False, shipped: bool = True):
     """(train path, eval path, stats) of the task's built-in pairs, built from the reference model once
     (:func:`prefzoo.data.pairs.build_or_load_pairs`; ``unpaired``: with their unpaired rows beside them)."""
-    d = cfg.data
-
     def reference_policy():
+        from prefzoo.models.merged import merged_copy
+        from prefzoo.rollout.engine import HFEngine
+
         gen = torch.Generator(device=device).manual_seed(pairs_seed(cfg))  # (data.pairs.seed, else data.seed)
-        model = build_base_model(cfg, tokenizer, device)
-        return CausalLMPolicy(model.eval(), tokenizer, generator=gen)
+        model = load_base_model(cfg.model, cfg.trainer.seed, tokenizer, device)
+        return CausalLMPolicy(model.eval(), tokenizer, generator=gen, engine=HFEngine(merged_copy))
 
     return build_or_load_pairs(cfg, tokenizer, reference_policy, reward_fn, train_prompts, eval_prompts, cache_dir(),
                                progress=cfg.trainer.progress, unpaired=unpaired, shipped=shipped)
@@ -166,200 +158,6 @@ def warn_if_smaller_than_batch(rows: int, batch_size: int, what: str) -> None:
     if rows < batch_size:
         log.warning("%s are %d, fewer than trainer.batch_size=%d: every step repeats rows of them. Give more rows "
                     "or a smaller trainer.batch_size.", what, rows, batch_size)
-
-
-def build_base_model(cfg: Config, tokenizer, device: torch.device):
-    """The un-adapted model in the configured dtype/quantisation, on ``device``."""
-    m = cfg.model
-    quant = bnb_4bit_config(torch.float32 if m.dtype == "float32" else getattr(torch, m.dtype)) \
-        if m.quantization == "4bit" else None
-    model = load_causal_lm(m.name, dtype=m.dtype, quantization_config=quant, seed=cfg.trainer.seed, tokenizer=tokenizer,
-                           tiny_kwargs={"hidden_size": m.tiny_hidden_size, "num_layers": m.tiny_layers},
-                           device_map={"": device.index or 0} if quant is not None and device.type == "cuda" else None)
-    return model if quant is not None else model.to(device)
-
-
-def use_padding_free(fast, declaration: Declaration, copies: list, value_model) -> bool:
-    """``model.fast.padding_free`` for an offline plugin: switch the models' attention to the packed one
-    (:func:`prefzoo.models.packing.use_packed_attention`) and say whether the log-prob passes pack. Online plugins
-    keep padded passes (packing is measured on offline batches only). A model whose attention cannot run packs
-    (eager, sliding-window, soft-capped) stays padded, with a warning."""
-    if not fast.padding_free or declaration.online:
-        return False
-    from prefzoo.models.packing import packing_mode, use_packed_attention
-
-    modules = list(copies)
-    if value_model is not None and value_model.owns_backbone:
-        modules.append(value_model.model)
-    for module in modules:
-        use_packed_attention(module)
-    if packing_mode(copies[0]) is None:
-        impl = getattr(getattr(copies[0], "config", None), "_attn_implementation", None)
-        log.warning("model.fast.padding_free=true: the model's attention (%s) cannot run packed rows; batches stay "
-                    "padded (set model.fast.padding_free=false to silence this).", impl)
-        return False
-    if value_model is not None:
-        value_model.padding_free, value_model.share_prompts = True, fast.share_prompts
-    return True
-
-
-@dataclass
-class Built:
-    policy: CausalLMPolicy
-    model: torch.nn.Module
-    tokenizer: object
-    load_seconds: float
-
-
-def build_policy(cfg: Config, declaration: Declaration, tokenizer, device: torch.device) -> Built:
-    """The trainable policy with the reference (and value head) the algorithm declares it needs."""
-    start = time.perf_counter()
-    m = cfg.model
-    check_weight_dtype(m.dtype, m.lora.enabled, declaration.trains)
-    warn_if_emulated({"model.dtype": m.dtype, "model.compute_dtype": m.compute_dtype}, device)
-    model = build_base_model(cfg, tokenizer, device)
-    engine = {"vllm": lambda: build_engine(cfg, model, tokenizer),  # (the base, before LoRA wraps it)
-              "vllm_server": lambda: build_server_engine(cfg)}.get(cfg.rollout.engine, lambda: hf_engine(cfg))()
-    model = wrap_trainable(model, m.lora, quantized=m.quantization == "4bit", adapter_path=m.adapter_path,
-                           gradient_checkpointing=m.gradient_checkpointing)
-    if m.quantization != "4bit":  # (4-bit: peft's prepare_model_for_kbit_training has cast the rest to float32)
-        keep_trainable_float32(model, DTYPES[m.dtype])  # modules_to_save over a bf16 base: float32 master weights
-    model.train()
-    reference = None
-    if declaration.reference:
-        reference = make_reference(model, lora_enabled=m.lora.enabled, adapter_loaded=bool(m.adapter_path), mode=m.reference)
-    elif m.lora.enabled and not m.adapter_path and m.reference != "copy":
-        try:  # free: the adapter-disabled model, for drift metrics only
-            reference = make_reference(model, lora_enabled=True, adapter_loaded=False, mode="adapter_disabled")
-        except ConfigError:
-            reference = None
-    value_model = None
-    if declaration.value_head is not None:
-        from prefzoo.models.value import build_value_model
-
-        value_model = build_value_model(cfg, declaration.value_head, model, device)
-    if m.disable_dropout:  # after the value model: its adapter's dropout layers too
-        from prefzoo.models.lora import disable_dropout
-
-        if m.lora.enabled and m.lora.dropout:
-            log.warning("model.lora.dropout=%s is switched off by model.disable_dropout=true (the default); set "
-                        "model.disable_dropout=false to keep it.", m.lora.dropout)
-        for module in (model, value_model):
-            if module is not None:
-                disable_dropout(module)
-    gen = torch.Generator(device=device).manual_seed(cfg.trainer.seed)
-    fast = m.fast
-    copies = [model] + ([reference.module] if reference is not None and reference.module is not model else [])
-    if fast.fused_lora and m.lora.enabled:
-        from prefzoo.models.fast_lora import enable_fast_lora
-
-        for module in copies:  # (the value adapter lives in the same layers)
-            enable_fast_lora(module)
-    if fast.gqa_attention:
-        from prefzoo.models.attention import use_gqa_attention
-
-        for module in copies:
-            use_gqa_attention(module)
-    padding_free = use_padding_free(fast, declaration, copies, value_model)
-    teacher = None
-    if declaration.teacher is not None:  # algo=distill: frozen beside the policy
-        from prefzoo.training.trained import build_teacher
-
-        teacher = build_teacher(cfg, declaration.teacher, tokenizer, device)
-    policy = CausalLMPolicy(model, tokenizer, reference, value_model, generator=gen, fused_logps=fast.fused_logps,
-                            share_prompts=fast.share_prompts, head_chunk_size=fast.head_chunk_size,
-                            merged_rollout=fast.merged_rollout,
-                            compute_dtype=getattr(torch, m.compute_dtype) if m.compute_dtype else None,
-                            engine=engine, padding_free=padding_free, teacher=teacher)
-    return Built(policy, model, tokenizer, time.perf_counter() - start)
-
-
-def hf_engine(cfg: Config):
-    """The hf rollout engine (prefzoo's decode loop) with the run's ``rollout.*`` and ``model.fast.merged_rollout``
-    (its merged copy in ``rollout.dtype`` when set)."""
-    from prefzoo.models.merged import merged_copy
-    from prefzoo.rollout.engine import HFEngine
-    from prefzoo.training.distributed import fsdp_requested, launched_world_size
-
-    r = cfg.rollout
-    factory = None
-    sharded = fsdp_requested(cfg) and launched_world_size() > 1  # FSDP: the gathered shards sample, no copy of them
-    if sharded and cfg.model.fast.merged_rollout:
-        log.info("FSDP: the rollouts sample from the gathered LoRA model itself (model.fast.merged_rollout does not "
-                 "apply: a merged copy would be a whole model beside the shards)")
-    if cfg.model.fast.merged_rollout and not sharded:
-        factory = merged_copy if r.dtype is None else partial(merged_copy, dtype=DTYPES[r.dtype])
-    return HFEngine(factory, kv_cache=r.kv_cache, compile_decode=r.compile_decode, report_logps=r.log_mismatch,
-                    exact=r.dtype is None)
-
-
-def build_rollout_worker(cfg: Config):
-    """In the asynchronous rollout worker's process (``rollout.asynchronous``, :mod:`prefzoo.rollout.async_rollouts`):
-    the policy's LoRA model built as :func:`build_policy` builds it (the same base weights, files and seed; the adapter
-    as configured, its values replaced by the trainer's after every step), on the CPU, and the hf engine that samples
-    its merged copy and reports the log-probs it drew with. Returns (model, engine)."""
-    m = cfg.model
-    device = torch.device("cpu")
-    model = build_base_model(cfg, load_tokenizer(m.name), device)
-    model = wrap_trainable(model, m.lora, quantized=False, adapter_path=m.adapter_path, gradient_checkpointing=False)
-    keep_trainable_float32(model, DTYPES[m.dtype])
-    if m.fast.gqa_attention:  # the same attention as the trainer's sampler
-        from prefzoo.models.attention import use_gqa_attention
-
-        use_gqa_attention(model)
-    model.eval()
-    engine = hf_engine(cfg)
-    engine.report_logps = True
-    return model, engine
-
-
-def build_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):
-    """The vLLM rollout engine (``rollout.engine=vllm``, :mod:`prefzoo.rollout.vllm_engine`) on the run's base model.
-
-    vLLM loads the frozen base from a folder: SmolLM2's converted cache folder, a local model folder or hub id as
-    given, or -- model=tiny, random weights made here -- ``base_model`` saved with the tokenizer into the engine's
-    work folder. Called before LoRA wraps ``base_model``.
-
-    Raises:
-        ConfigError: data parallelism (one engine per process is not supported yet).
-    """
-    from prefzoo.models.loading import smollm2_local_dir
-    from prefzoo.rollout.vllm_engine import VLLMEngine
-    from prefzoo.training.distributed import launched_world_size
-
-    if launched_world_size() > 1:
-        raise ConfigError("rollout.engine=vllm runs one engine beside one trainer process; data parallelism is not "
-                          "supported with it yet. Launch one process, or use rollout.engine=hf.")
-    m, v = cfg.model, cfg.rollout.vllm
-    work_dir = Path(tempfile.mkdtemp(prefix="prefzoo-vllm-"))
-    if m.name == "smollm2":
-        model_dir = str(smollm2_local_dir())
-    elif m.name == "tiny":
-        model_dir = str(work_dir / "base")
-        base_model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-    else:
-        model_dir = m.name
-    engine = VLLMEngine(model_dir, lora_rank=m.lora.r, dtype=v.dtype or m.dtype,
-                        max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
-                        gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep,
-                        cpu_kv_cache_gib=v.cpu_kv_cache_gib, cpu_threads=v.cpu_threads or cfg.trainer.num_threads,
-                        seed=cfg.trainer.seed if v.seed is None else v.seed, work_dir=work_dir)
-    log.info("rollout engine: vLLM on %s (started in %.0f s)", model_dir, engine.start_seconds)
-    return engine
-
-
-def build_server_engine(cfg: Config):
-    """The vLLM server engine (``rollout.engine=vllm_server``, :mod:`prefzoo.rollout.vllm_server`) on
-    ``rollout.servers``, which :func:`prefzoo.validation.check_rollout_servers` checked before any model loaded."""
-    from prefzoo.rollout.vllm_server import VLLMServerEngine, served_model_name
-
-    m, v = cfg.model, cfg.rollout.vllm
-    name = served_model_name(m.name, tiny_hidden_size=m.tiny_hidden_size, tiny_layers=m.tiny_layers, seed=cfg.trainer.seed)
-    engine = VLLMServerEngine(list(cfg.rollout.servers), model_name=name, adapter_dir=v.adapter_dir,
-                              timeout=v.request_timeout)
-    log.info("rollout engine: %d vLLM server(s) (%s)", len(engine.servers), ", ".join(engine.servers))
-    return engine
 
 
 def build_reward(cfg: Config):
@@ -543,5 +341,3 @@ def correctness_function(cfg: Config, prompts: PromptSet | None):
     return correctness
 
 
-__all__ = ["Path", "build_policy", "build_reward", "task_prompts", "preference_data", "unpaired_data", "offline_data",
-           "pick_device", "load_tokenizer"]

@@ -9,7 +9,8 @@
   splits a (mini-)batch into micro-batches, asks the plugin for per-token or per-example losses, reduces them
   with the one global normaliser (:func:`prefzoo.objective.aggregate_loss`) and backpropagates. A plugin with
   the capability ``step_statistics`` first gets the statistics of the whole optimizer step
-  (:func:`step_statistics`: over all its micro-batches and processes), as the normaliser does.
+  (:func:`step_statistics`: over all its micro-batches and processes), as the normaliser does, in the
+  :class:`~prefzoo.types.StepContext` its ``loss`` receives.
 
 They live in their own small module (it imports only torch, numpy, the plugin base, the objective layer and
 :mod:`prefzoo.training.sharding`) so that light drivers — the tabular conformance test bed and the toy bandit
@@ -20,6 +21,7 @@ models, tokenizers or datasets. ``prefzoo.training.loop`` re-exports :func:`accu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -29,7 +31,7 @@ import torch
 
 from prefzoo.algos.base import Algorithm
 
-from prefzoo.types import Batch
+from prefzoo.types import NO_STEP, Batch, StepContext
 from prefzoo.objective import aggregate_loss
 from prefzoo.training.sharding import minibatch_rows
 
@@ -54,7 +56,8 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
                       max_grad_norm: float | None = None,
                       permutation: Callable[[int], Sequence[int]] | None = None,
                       layout: tuple[int, int] | None = None,
-                      parallel: Mapping[str, Any] | None = None) -> dict[str, list[float]]:
+                      parallel: Mapping[str, Any] | None = None,
+                      step: StepContext = NO_STEP) -> dict[str, list[float]]:
     """One training step's updates on ``batch``: the declared ``epochs`` passes x ``num_minibatches`` optimizer steps.
 
     Each pass splits the (global) rows into ``num_minibatches`` mini-batches of ceil(N / num_minibatches)
@@ -78,6 +81,7 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
             ``no_sync``, ``placeholder``, ``equal_passes``, ``gathered``), and two of its own under FSDP:
             ``sync_grads`` (``params -> None``, after the backward passes: the replicated parameters' gradients
             averaged over processes) and ``clip_grad_norm`` (in place of ``torch.nn.utils.clip_grad_norm_``).
+        step: the training step's context, handed to every ``loss`` (:class:`~prefzoo.types.StepContext`).
 
     Returns:
         ``{name: [sum, count]}`` over every optimizer step of the step: the plugin's metrics as
@@ -103,7 +107,7 @@ def optimisation_step(algo: Algorithm, policy, batch: Batch, optimizer: torch.op
             rows = order[start:start + per_mb]
             mb = batch if whole else batch.select(rows if alone else minibatch_rows(rows, offset, n))
             optimizer.zero_grad(set_to_none=True)
-            m = accumulate_gradients(algo, policy, mb, micro_batch_size or max(1, len(mb)), **parallel)
+            m = accumulate_gradients(algo, policy, mb, micro_batch_size or max(1, len(mb)), step=step, **parallel)
             if sync_grads is not None:
                 sync_grads(params)
             if max_grad_norm is not None:
@@ -135,17 +139,19 @@ def step_statistics(algo: Algorithm, policy, batch: Batch, micro_batch_size: int
     return {k: (float(totals[i, 0] / totals[i, 1]) if float(totals[i, 1]) else 0.0) for i, k in enumerate(names)}
 
 
-def _zero_weight_pass(algo: Algorithm, policy, placeholder: Batch, aggregation: str, normaliser: float) -> None:
+def _zero_weight_pass(algo: Algorithm, policy, placeholder: Batch, aggregation: str, normaliser: float,
+                      step: StepContext) -> None:
     """A forward and backward of ``placeholder`` whose loss is multiplied by 0: the collectives of a pass, no
     gradient."""
-    out = algo.loss(policy, placeholder)
+    out = algo.loss(policy, placeholder, step)
     (aggregate_loss(out.values, out.mask, aggregation, normaliser) * 0.0).backward()
 
 
 def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size: int, all_reduce=None,
                          loss_scale: float = 1.0, no_sync: Callable[[], ContextManager] | None = None,
                          placeholder: Batch | None = None, equal_passes: Callable[[int], int] | None = None,
-                         gathered: Callable[[], ContextManager] | None = None) -> dict[str, float]:
+                         gathered: Callable[[], ContextManager] | None = None,
+                         step: StepContext = NO_STEP) -> dict[str, float]:
     """Backpropagate the loss of ``batch`` through micro-batches, normalised over the whole batch.
 
     Args:
@@ -160,6 +166,8 @@ def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size
             and every backward reduce-scatters, and the processes must run as many.
         gathered: FSDP: a context-manager factory (the sharded modules made whole) for the plugin's
             ``step_statistics`` passes, whose number may differ between processes.
+        step: the training step's context; every ``loss`` receives it, with this optimizer step's ``statistics``
+            (capability ``step_statistics``).
 
     Returns:
         ``{name: (sum, count)}``: each per-row metric summed times its rows with the row count, each per-token
@@ -171,24 +179,25 @@ def accumulate_gradients(algo: Algorithm, policy, batch: Batch, micro_batch_size
     aggregation = algo.declaration.aggregation
     if algo.declaration.has("step_statistics"):  # before the losses: a statistic of the whole optimizer step
         with gathered() if gathered is not None else contextlib.nullcontext():
-            algo.statistics = step_statistics(algo, policy, batch, micro_batch_size, all_reduce)
+            statistics = step_statistics(algo, policy, batch, micro_batch_size, all_reduce)
+        step = dataclasses.replace(step, statistics=statistics)
     micros = batch.chunks(micro_batch_size)
     normaliser = torch.tensor(float(sum(algo.normaliser(m) for m in micros)))
     if all_reduce is not None:
         normaliser = all_reduce(normaliser)
     padding = equal_passes(len(micros)) - len(micros) if equal_passes is not None else 0
     for _ in range(padding if micros else 0):  # FSDP: as many sharded passes as the busiest process
-        _zero_weight_pass(algo, policy, placeholder, aggregation, float(normaliser))
+        _zero_weight_pass(algo, policy, placeholder, aggregation, float(normaliser), step)
     if not micros and placeholder is not None:  # no rows here: join the all-reduce with zero gradients
         for _ in range(max(1, padding)):
-            _zero_weight_pass(algo, policy, placeholder, aggregation, float(normaliser))
+            _zero_weight_pass(algo, policy, placeholder, aggregation, float(normaliser), step)
         return {"loss": 0.0}
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # name -> [sum, count]
     total = 0.0
     for i, m in enumerate(micros):
         sync = no_sync is None or i == len(micros) - 1
         with contextlib.nullcontext() if sync else no_sync():
-            out = algo.loss(policy, m)
+            out = algo.loss(policy, m, step)
             loss = aggregate_loss(out.values, out.mask, aggregation, float(normaliser))
             (loss * loss_scale).backward()
         total += float(loss.detach())

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from prefzoo.config import Config, ModelConfig, TrainerConfig
+from prefzoo.config import Config, ModelConfig
 from prefzoo.errors import ConfigError, ModelError, RunFolderError
-from prefzoo.models.loading import load_causal_lm, load_tokenizer
+from prefzoo.models.loading import load_base_model, load_causal_lm, load_tokenizer
 from prefzoo.models.reference import Reference
 from prefzoo.training.layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
 from prefzoo.models.files import pickled_adapter
@@ -75,16 +75,13 @@ def load_trained_model(run_dir: str | Path, device="cpu", who: str = "prefzoo.lo
         RunFolderError: no ``adapter/`` (or ``model/``) or no ``config.yaml``.
         ModelError: the ``config.yaml`` cannot be read, or the base model cannot be loaded.
     """
-    from prefzoo.training.setup import build_base_model
-
     run_dir = Path(run_dir)
     _, weights = trained_run_files(run_dir, who)
     model_cfg, seed = saved_model_config(run_dir, who)
     device = torch.device(device)
     tokenizer = load_tokenizer(model_cfg.name)
     if weights.name == ADAPTER_DIR:
-        cfg = Config(algo=None, model=model_cfg, trainer=TrainerConfig(seed=seed))
-        base = build_base_model(cfg, tokenizer, device)
+        base = load_base_model(model_cfg, seed, tokenizer, device)
         model = _load_adapter(base, weights, who)
     else:
         model = load_causal_lm(str(weights), dtype=model_cfg.dtype).to(device)
@@ -129,8 +126,6 @@ def build_teacher(cfg: Config, spec: str, tokenizer, device: torch.device) -> Re
         ConfigError: the vocabularies differ (the message gives both sizes).
         RunFolderError / ModelError: the folder or model cannot be read (one line, naming it).
     """
-    from prefzoo.training.setup import build_base_model
-
     who = f"algo.teacher={spec}"
     path = Path(spec).expanduser()
     run_like = path.is_dir() and any((path / name).exists() for name in (CONFIG_FILE, ADAPTER_DIR, MODEL_DIR))
@@ -145,7 +140,7 @@ def build_teacher(cfg: Config, spec: str, tokenizer, device: torch.device) -> Re
         unsafe = pickled_adapter(path)
         if unsafe:
             raise RunFolderError(f"{who}: {unsafe}")
-        model = _load_adapter(build_base_model(cfg, tokenizer, device), path, who)
+        model = _load_adapter(load_base_model(cfg.model, cfg.trainer.seed, tokenizer, device), path, who)
         kind = "adapter"
     else:
         name = str(path) if path.exists() else spec

@@ -74,14 +74,15 @@ def test_bad_custom_algorithms_fail_in_one_line(monkeypatch, capsys, args, needl
     """In this process, through the CLI's entry point on the config ``train.py`` composes (what ``python train.py``
     runs after Hydra), the examples folder on the path as PYTHONPATH puts it there; nothing may be built."""
     from prefzoo import cli
-    from prefzoo.training import loop, setup
+    from prefzoo.models import loading
+    from prefzoo.training import loop
     from tests.test_config import composed
 
     def tripwire(*_a, **_k):
         raise AssertionError("a model or tokenizer was loaded / the trainer was built before the refusal")
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
-    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     monkeypatch.setattr(loop, "Trainer", tripwire)
     monkeypatch.syspath_prepend(str(EXAMPLES))
     registered = set(REGISTRY)

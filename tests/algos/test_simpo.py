@@ -20,7 +20,7 @@ from prefzoo.config import Config, ModelConfig, TrainerConfig, resolve_objective
 from prefzoo.data.preference import PreferenceExample, collate_preferences
 from prefzoo.models import reference as reference_module
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.training.setup import build_policy
+from prefzoo.training.build import build_policy
 from tests.algos.test_dpo import POLICY, TablePolicy, pairs
 from tests.models.helpers import SPREAD, lora_settings, one_thread_fixture, plain_logps, tiny_model, tokenizer
 

@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 
-from prefzoo.algos.online import place_rewards
+from prefzoo.algos.online_sampling import place_rewards
 from prefzoo.algos.ppo import PPO, PPOConfig
 from prefzoo.algos.reinforce_pp import ReinforcePP, ReinforcePPConfig
 from prefzoo.types import EpisodeLog, ObjectiveSettings, PromptBatch, SamplingParams, SequenceBatch

@@ -11,7 +11,8 @@ from prefzoo import cli
 from prefzoo.types import ROLLOUT_SEED_COLUMN, SamplingParams
 from prefzoo.errors import ConfigError
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.training import distributed, loop, setup
+from prefzoo.models import loading
+from prefzoo.training import distributed, loop
 from prefzoo.training.sharding import minibatch_rows, reduce_metrics, rollout_seeds, shard_range
 from tests.models.helpers import SPREAD, prompt_batch, tiny_model, tokenizer
 from tests.test_config import composed, typed
@@ -84,8 +85,10 @@ PROMPTS = [[1, 100, 200, 300], [1, 7], [9, 8, 7, 6, 5, 4, 3, 2000, 1000]]
 
 @pytest.fixture(scope="module")
 def policy():
+    from prefzoo.rollout.engine import HFEngine
+
     return CausalLMPolicy(tiny_model(initializer_range=SPREAD).eval(), tokenizer(),
-                          generator=torch.Generator().manual_seed(0))
+                          generator=torch.Generator().manual_seed(0), engine=HFEngine())
 
 
 def sample(policy, prompts, seeds, g=3):
@@ -135,8 +138,8 @@ def test_unusable_launch_configurations_fail_before_any_model_loads(monkeypatch,
     def tripwire(*_a, **_k):
         raise AssertionError("a model or tokenizer was loaded / the trainer was built before the launch check")
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
-    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     monkeypatch.setattr(loop, "Trainer", tripwire)
     with pytest.raises(SystemExit) as exit_:
         cli.run_from_hydra(composed("model=tiny", "trainer.device=cpu", "trainer.batch_size=2"))

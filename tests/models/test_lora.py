@@ -8,7 +8,7 @@ from prefzoo.algos.dpo import DPOConfig
 from prefzoo.config import Config, ModelConfig
 from prefzoo.errors import ConfigError
 from prefzoo.models.lora import count_parameters, trainable_outside_adapter, wrap_trainable
-from prefzoo.training.setup import build_base_model
+from prefzoo.models.loading import load_base_model
 from tests.models.helpers import lora_settings, tiny_model, tokenizer
 
 IDS = torch.tensor([[1, 17, 400, 9000, 23], [5, 6, 7, 8, 9]])
@@ -97,13 +97,13 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_4bit_nf4_lora_forward_and_backward_on_cpu():
-    """QLoRA (model.quantization=4bit) through the same path train.py takes: build_base_model, then
+    """QLoRA (model.quantization=4bit) through the same path train.py takes: load_base_model, then
     wrap_trainable. The linear layers are bitsandbytes nf4; only the adapter trains, with finite
     non-zero gradients; one optimizer step lowers the loss on the batch."""
     import bitsandbytes as bnb
 
     cfg = Config(algo=DPOConfig(), model=ModelConfig(name="tiny", quantization="4bit", lora=lora_settings()))
-    base = build_base_model(cfg, tokenizer(), torch.device("cpu"))
+    base = load_base_model(cfg.model, cfg.trainer.seed, tokenizer(), torch.device("cpu"))
     q_proj = base.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj, bnb.nn.Linear4bit)
     assert q_proj.weight.quant_state.quant_type == "nf4"

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from prefzoo.types import SamplingParams
-from prefzoo.models.merged import MergedCopy, can_merge
+from prefzoo.models.merged import MergedCopy, can_merge, merged_copy
 from prefzoo.models.policy import CausalLMPolicy
+from prefzoo.rollout.engine import HFEngine
 from tests.models.helpers import prompt_batch, tokenizer
 from tests.models.helpers import float64_rms_norm
 from tests.perf.test_fast_lora import IDS, lora_model
@@ -74,6 +75,6 @@ def test_greedy_rollouts_pick_the_same_tokens():
     model = lora_model()
     prompts = prompt_batch([[1, 100, 200, 300], [1, 7]])
     params = SamplingParams(max_new_tokens=12, greedy=True)
-    a = CausalLMPolicy(model, tokenizer(), merged_rollout=True).sample(prompts, 2, params)
-    b = CausalLMPolicy(model, tokenizer(), merged_rollout=False).sample(prompts, 2, params)
+    a = CausalLMPolicy(model, tokenizer(), engine=HFEngine(merged_copy)).sample(prompts, 2, params)
+    b = CausalLMPolicy(model, tokenizer(), engine=HFEngine()).sample(prompts, 2, params)
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prefzoo.models import loading
+
 from prefzoo.algos import get_algorithm
 from prefzoo.config import Config, FastPathConfig, ModelConfig, TrainerConfig, resolve_objective
 from prefzoo.data.preference import PreferenceExample, collate_preferences
@@ -255,22 +257,22 @@ def test_gradient_checkpointing_with_packing_equals_padded():
 
 # ------------------------------------------------------------------------- the plugins, through build_policy
 def built(monkeypatch, algo_name: str, padding_free: bool, like=None, **algo_kwargs):
-    import prefzoo.training.setup as setup
+    import prefzoo.training.build as build
 
-    real = setup.load_causal_lm
+    real = loading.load_causal_lm
 
     def spread(name, **kw):  # the tiny Llama with weights spread 0.2 (context-dependent log-probs)
         kw["tiny_kwargs"] = {**(kw.get("tiny_kwargs") or {}), "initializer_range": SPREAD}
         return real(name, **kw)
 
-    monkeypatch.setattr(setup, "load_causal_lm", spread)
+    monkeypatch.setattr(loading, "load_causal_lm", spread)
     cls = get_algorithm(algo_name)
     cfg = Config(algo=cls.config_class(**algo_kwargs),
                  model=ModelConfig(name="tiny", lora=lora_settings(),
                                    fast=FastPathConfig(padding_free=padding_free)),
                  trainer=TrainerConfig(device="cpu", batch_size=3))
     algo = cls(cfg.algo, resolve_objective(cfg))
-    b = setup.build_policy(cfg, algo.declaration, tokenizer(), torch.device("cpu"))
+    b = build.build_policy(cfg, algo.declaration, tokenizer(), torch.device("cpu"))
     with torch.no_grad():  # non-zero LoRA B: the adapter changes the policy
         for n, p in b.model.named_parameters():
             if "lora_B" in n:

@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 
 from prefzoo import cli
-from prefzoo.training import loop, setup
+from prefzoo.models import loading
+from prefzoo.training import loop
 from tests.test_config import composed
 
 NO_VLLM = importlib.util.find_spec("vllm") is None
@@ -21,8 +22,8 @@ def _run_until_error(monkeypatch, capsys, *overrides) -> str:
     def tripwire(*_a, **_k):
         raise AssertionError("a model or tokenizer was loaded / the trainer was built before the engine was checked")
 
-    monkeypatch.setattr(setup, "load_causal_lm", tripwire)
-    monkeypatch.setattr(setup, "load_tokenizer", tripwire)
+    monkeypatch.setattr(loading, "load_causal_lm", tripwire)
+    monkeypatch.setattr(loop, "load_tokenizer", tripwire)
     monkeypatch.setattr(loop, "Trainer", tripwire)
     with pytest.raises(SystemExit) as exit_:
         cli.run_from_hydra(composed("model=tiny", "algo=grpo", *overrides))

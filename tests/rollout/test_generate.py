@@ -21,7 +21,9 @@ import torch
 
 from prefzoo.types import SamplingParams
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.rollout.generate import filter_support, position_ids_from_mask, sample_completions, sample_from
+from prefzoo.models.forward import position_ids_from_mask
+from prefzoo.rollout.engine import HFEngine
+from prefzoo.rollout.generate import filter_support, sample_completions, sample_from
 from tests.bounds import U32, gamma, probable_sum_bound
 from tests.models.helpers import SPREAD, pad_id, prompt_batch, tiny_model, tokenizer
 
@@ -160,7 +162,7 @@ def test_sampling_is_reproducible_with_a_seeded_generator(model):
 
 
 def test_policy_sample_restores_training_mode(model):
-    policy = CausalLMPolicy(model, tokenizer(), generator=torch.Generator().manual_seed(0))
+    policy = CausalLMPolicy(model, tokenizer(), generator=torch.Generator().manual_seed(0), engine=HFEngine())
     model.train()
     try:
         out = policy.sample(prompt_batch(PROMPTS[:2]), 2, SamplingParams(max_new_tokens=3))

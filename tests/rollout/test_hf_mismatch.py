@@ -2,7 +2,7 @@
 
 Sampling from the merged-weights copy (W + s B A, rounded once) is sampling from other weights than the trainer's
 LoRA model (x W + s (x A) B): with ``report_logps`` the engine returns the log-probs it sampled with, and
-:func:`prefzoo.algos.online.sample_and_score` logs ``engine/logp_diff_{mean,max,signed}`` against the trainer's
+:func:`prefzoo.algos.online_sampling.sample_and_score` logs ``engine/logp_diff_{mean,max,signed}`` against the trainer's
 recomputation, as it does for vLLM. Before: the hf engine never reported them (``sample_logps`` None: no metric).
 
 Tolerances (tests/bounds.py). Per token, the sampler's and the trainer's log-probs differ by :func:`token_bound`:
@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from prefzoo.algos.online import sample_and_score
+from prefzoo.algos.online_sampling import sample_and_score
 from prefzoo.models.policy import CausalLMPolicy
 from prefzoo.models.merged import merged_copy
 from prefzoo.rollout.engine import HFEngine

@@ -183,7 +183,7 @@ def test_rollout_kv_cache_is_set_from_the_config_and_checked():
     """rollout.kv_cache reaches the engine; an unknown value is a ConfigError naming the key and the choices."""
     from prefzoo.cli import to_typed
     from prefzoo.errors import ConfigError
-    from prefzoo.training.setup import hf_engine
+    from prefzoo.training.build import hf_engine
     from tests.test_config import composed
 
     typed = to_typed(composed("model=tiny", "algo=grpo"))

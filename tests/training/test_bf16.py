@@ -60,10 +60,11 @@ import math
 
 import pytest
 import torch
+
 from safetensors.torch import load_file
 
 import prefzoo.models.loading as loading
-import prefzoo.training.setup as setup
+from prefzoo.training.build import build_policy
 from prefzoo.algos.dpo import DPO, DPOConfig
 from prefzoo.algos.grpo import GRPO, GRPOConfig
 from prefzoo.algos.ppo import PPO, PPOConfig
@@ -89,13 +90,13 @@ ROWS = [([1, 100, 200], [300, 400, 2], [500, 2]), ([1, 7, 8, 9, 10, 11], [12, 2]
 def _one_thread_and_spread_init(monkeypatch):
     """One torch thread (tests/models/helpers.py), and the tiny Llama drawn with initializer_range 0.2 (its
     predictions then depend on the context, like a trained model's)."""
-    real = setup.load_causal_lm
+    real = loading.load_causal_lm
 
     def spread(name, **kw):
         kw["tiny_kwargs"] = {**(kw.get("tiny_kwargs") or {}), "initializer_range": SPREAD}
         return real(name, **kw)
 
-    monkeypatch.setattr(setup, "load_causal_lm", spread)
+    monkeypatch.setattr(loading, "load_causal_lm", spread)
     monkeypatch.setattr(loading, "load_causal_lm", spread)  # (load_value_model's)
     yield from one_thread_fixture()
 
@@ -108,9 +109,9 @@ def config(algo_cfg, mode: str, fast: FastPathConfig | None = None, **lora) -> C
 
 
 def build(algo, cfg: Config, fresh: bool = False):
-    """The run's policy (``prefzoo.training.setup.build_policy``); unless ``fresh``, every LoRA matrix set to the same
+    """The run's policy (``prefzoo.training.build.build_policy``); unless ``fresh``, every LoRA matrix set to the same
     N(0, 0.1) draw in every mode (peft draws A from torch's global generator: it would differ between runs)."""
-    built = setup.build_policy(cfg, algo.declaration, tokenizer(), torch.device("cpu"))
+    built = build_policy(cfg, algo.declaration, tokenizer(), torch.device("cpu"))
     if not fresh:
         with torch.no_grad():
             for n, p in built.model.named_parameters():
@@ -285,7 +286,7 @@ def test_full_fine_tuning_over_bf16_weights_is_refused():
     cfg.model.lora.enabled = False
     algo = DPO(cfg.algo, resolve_objective(cfg))
     with pytest.raises(ConfigError, match=r"model.dtype=bfloat16.*model.compute_dtype=bfloat16"):
-        setup.build_policy(cfg, algo.declaration, tokenizer(), torch.device("cpu"))
+        build_policy(cfg, algo.declaration, tokenizer(), torch.device("cpu"))
 
 
 def test_the_saved_adapter_is_float32_and_loads_onto_a_float32_base(tmp_path):

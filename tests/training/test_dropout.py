@@ -11,9 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prefzoo.models import loading
+
 from prefzoo.algos.ppo import PPO, PPOConfig
 from prefzoo.config import Config, ModelConfig, TrainerConfig, resolve_objective
-from prefzoo.training.setup import build_policy
+from prefzoo.training.build import build_policy
 from prefzoo.types import PromptBatch, SamplingParams
 from tests.models.helpers import lora_settings, one_thread_fixture, tokenizer
 
@@ -24,15 +26,13 @@ def one_thread():
 
 
 def ppo_with_dropout(monkeypatch, disable: bool, lora_dropout: float = 0.0):
-    import prefzoo.training.setup as setup
-
-    real = setup.load_causal_lm
+    real = loading.load_causal_lm
 
     def with_attention_dropout(name, **kw):  # the tiny Llama, with attention-probability dropout 0.1
         kw["tiny_kwargs"] = {**(kw.get("tiny_kwargs") or {}), "attention_dropout": 0.1}
         return real(name, **kw)
 
-    monkeypatch.setattr(setup, "load_causal_lm", with_attention_dropout)
+    monkeypatch.setattr(loading, "load_causal_lm", with_attention_dropout)
     cfg = Config(algo=PPOConfig(num_samples=2), model=ModelConfig(name="tiny", disable_dropout=disable,
                                                                   lora=lora_settings(r=4, dropout=lora_dropout)),
                  trainer=TrainerConfig(device="cpu", batch_size=1))

@@ -85,7 +85,7 @@ def test_resume_with_a_changed_run_setting_is_refused_before_the_model_loads(run
         shutil.copy(FIXTURE, other)
         changes = {**changes, "data__path": str(other)}
     before = metrics_text(run_dir)
-    monkeypatch.setattr(loop, "build_policy", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(loop, "build_parts", lambda *a, **k: pytest.fail("the model was built"))
     with pytest.raises(ConfigError) as err:
         loop.Trainer(with_changes(resumed(max_steps=4), **changes), run_dir).run()
     message = str(err.value)
@@ -240,7 +240,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_does_not_run(r
     state = torch.load(state_file, weights_only=False)
     state["sampler"]["payload"] = RunsCode(marker)
     torch.save(state, state_file)
-    monkeypatch.setattr(loop, "build_policy", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(loop, "build_parts", lambda *a, **k: pytest.fail("the model was built"))
     with pytest.raises(PrefzooError) as err:
         loop.Trainer(resumed(max_steps=3), run_dir).run()
     message = str(err.value)

@@ -1,45 +1,19 @@
-"""The shared vocabulary of prefzoo: batches, the policy and scorer interfaces, sampling settings, the resolved
-objective, and what a plugin returns.
-
-Every room of the house speaks these types: the models implement :class:`Policy`, data builds
-:class:`SequenceBatch` / :class:`PreferenceBatch` / :class:`PromptBatch`, rollout engines return
-:class:`SequenceBatch`, the online plugins return an :class:`Experience`, every plugin's ``loss`` returns a
-:class:`LossOutput`. This module imports nothing of prefzoo but :mod:`prefzoo.objective`, so importing it loads
-no plugin, model or dataset.
-
-Notation (used in every docstring of prefzoo, DESIGN.md's glossary):
-
-    B   rows of a batch (sequences; for online algorithms B = prompts x G)
-    T   completion token positions (the completion axis, right-padded)
-    P   prompt token positions (left-padded)
-    G   completions sampled per prompt (``num_samples``)
-    V   vocabulary size
-
-    logps (B, T)        log pi_theta(y_t | x, y_<t), float32, 0 on padding
-    seq_logps (B,)      sum over a row's counted tokens of logps
-    ref_logps (B, T)    the same under the reference policy pi_ref (no gradient)
-    old_logps (B, T)    the same under the policy that sampled the rollout (no gradient)
-    log_ratio           logps - ref_logps (policy vs reference, only)
-    is_log_ratio        logps - old_logps (policy vs sampler: the importance-sampling log-ratio); ratio = exp of it
-    rewards (B,)        one scalar reward per completion; token_rewards (B, T) per token
-    advantages (B, T)   always per token (a sequence-level advantage is repeated over the row's tokens)
-    completion_mask     bool, True on the tokens that count (EOS included); never an inverted mask
-"""
+"""Batches: what data builds, engines return and plugins train on (the shapes and the notation are the package's,
+:mod:`prefzoo.types`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from prefzoo.objective import TokenLogits, last_token_index
+from prefzoo.objective import last_token_index
 
-__all__ = ["Batch", "SequenceBatch", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch", "PreferenceBatch", "DistillationPolicy", "TokenLogits", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
-           "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES",
-           "sequence_rewards", "pad_cat"]
+__all__ = ["Batch", "SequenceBatch", "Experience", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch",
+           "PreferenceBatch", "UnpairedBatch", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES", "sequence_rewards", "pad_cat"]
 
 
 def pad_cat(tensors: list[Tensor], side: str, value) -> Tensor:
@@ -336,133 +310,6 @@ class PromptBatch(Batch):
     columns: dict[str, list] = field(default_factory=dict)
 
 
-@dataclass
-class SamplingParams:
-    """How completions are sampled. ``temperature`` also divides the logits when log-probs are recomputed."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: no top-k
-    max_new_tokens: int = 64
-    greedy: bool = False
-    #: also return, per sampled token, the log-prob and the entropy (nats) of the distribution it was drawn from
-    #: (``SequenceBatch.sample_logps`` / ``sample_entropy``) where the engine's sampler is the policy up to float32
-    #: rounding (the hf engine; the held-out evaluation asks, to skip a pass of the policy)
-    report_entropy: bool = False
-    #: how a rollout whose sampler is not the trainer is corrected (``rollout.correction.*``)
-    correction: "CorrectionSettings" = field(default_factory=lambda: CorrectionSettings())
-
-
-@dataclass
-class CorrectionSettings:
-    """The off-policy correction of a rollout drawn by a sampler other than the trainer (``rollout.correction.*``;
-    :func:`prefzoo.objective.correction_weights`).
-
-    Attributes:
-        mode: None (the mismatch is logged, not corrected) or one of ``token_truncate``, ``token_mask``,
-            ``sequence_truncate``, ``sequence_mask`` (TRL's names).
-        clip_min, clip_max: the band [C_min, C_max] of the weights pi_trainer / pi_sampler (None: unbounded).
-        bypass: the sampler's log-probs ARE log pi_old: no recomputation pass, the surrogate's ratio is
-            pi_theta / pi_sampler (two policies instead of three); no separate weight.
-        match_support: the trainer's log-probs in the weight are renormalised over the top-k / top-p support the
-            sampler kept (:func:`prefzoo.objective.support_log_mass`), so a matched sampler gives a weight of 1.
-        weight_kl: the weights also multiply the KL-as-loss term (its gradient is then that of the trainer's
-            policy, not the sampler's: needed for the fixed point, docs/off-policy.md); false: TRL's convention.
-    """
-
-    mode: str | None = None
-    clip_min: float | None = None
-    clip_max: float | None = 3.0
-    bypass: bool = False
-    match_support: bool = True
-    weight_kl: bool = True
-
-
-@dataclass
-class LossOutput:
-    """What a plugin's ``loss`` returns; the training loop reduces it with :func:`prefzoo.objective.aggregate_loss`.
-
-    Attributes:
-        values: per-token losses, Shape (B, T), or per-example losses, Shape (B,). Units: nats-scale.
-        mask: Shape (B, T) bool for per-token losses; None for per-example ones.
-        metrics: per-row means (floats) over this micro-batch's rows; the loop weights them by row count over
-            micro-batches and processes.
-        token_metrics: per-token quantities as (sum over tokens, token count) pairs; the loop adds both over
-            micro-batches and processes and divides once, so the logged value is the token mean of the whole
-            batch whatever the micro-batch size or the number of processes.
-    """
-
-    values: Tensor
-    mask: Tensor | None
-    metrics: dict[str, float] = field(default_factory=dict)
-    token_metrics: dict[str, tuple[float, float]] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """What a plugin may ask of a policy (a language model with adapters, or a tabular policy).
-
-    Attributes:
-        reference: the reference pi_ref (any object), or None when the run has none.
-        tractable_logps: whether per-token log-probs exist (False: best-of-n's procedure).
-        analytic_kl: KL(pi || pi_ref) in closed form (nats per sequence), or None.
-    """
-
-    reference: object | None
-    tractable_logps: bool
-    analytic_kl: float | None
-
-    def logps(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
-              ) -> tuple[Tensor, Tensor | None]:
-        """Per-token log pi_theta of the completion tokens (float32, 0 where masked), Shape (B, T), with grad;
-        and the per-token entropy of pi_theta (nats, Shape (B, T), no grad) when ``with_entropy``."""
-
-    def ref_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
-        """Per-token log pi_ref of the completion tokens, Shape (B, T), float32, no grad."""
-
-    def sample(self, prompts: PromptBatch, num_samples: int, params: SamplingParams) -> SequenceBatch:
-        """``num_samples`` completions per prompt, grouped: rows [i*n, (i+1)*n) answer prompt i."""
-
-
-@runtime_checkable
-class ValuePolicy(Policy, Protocol):
-    """A policy with a value head: what plugins that declare ``value_head`` get (PPO, reward models)."""
-
-    def values(self, batch: SequenceBatch) -> Tensor:
-        """Per-token values V(s_t) of the state before each completion token, Shape (B, T), float32, with grad."""
-
-    def logps_and_values(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
-                         ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """``(*logps(batch, temperature, with_entropy), values(batch))``, in one forward where the value head shares
-        the policy's trunk (a policy may always just make the two calls)."""
-
-    def save_value_head(self, folder, extra: dict | None = None):
-        """Write the value model (adapter, head, how to rebuild it) into ``folder``."""
-
-
-@runtime_checkable
-class DistillationPolicy(Policy, Protocol):
-    """A policy with a frozen teacher pi_T beside it: what a plugin that declares a ``teacher`` gets (``algo=distill``).
-
-    The teacher shares the policy's vocabulary (and tokenizer); it may differ in size. Both methods see the batch as
-    :meth:`Policy.logps` does (the completion tokens, predicted from the state before each).
-    """
-
-    def token_logits(self, batch: SequenceBatch, teacher: bool = False) -> TokenLogits:
-        """The next-token logits over the vocabulary at the batch's counted positions (``completion_mask``'s True
-        entries, row-major: N of them), at temperature 1 (the caller divides): the policy's, with gradients, or with
-        ``teacher`` the teacher's, without. In the linear form (final hidden states (N, d) and the output layer) where
-        the model's logits are its output layer applied to them, so that the (N, V) logits are never all held
-        (:func:`prefzoo.objective.chunked_generalized_jsd`)."""
-
-    def teacher_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
-        """Per-token log pi_T of the completion tokens, Shape (B, T) float32, 0 where masked, no grad."""
-
-
-Scorer = Callable[[SequenceBatch, PromptBatch], Tensor]
-"""``score(samples, prompts) -> rewards`` Shape (B,) float32, one scalar reward per sampled completion."""
-
-
 def sequence_rewards(values_fn: Callable[[SequenceBatch], Tensor], batch: SequenceBatch) -> Tensor:
     """r(x, y) from a scalar head: its value at the state after the LAST completion token.
 
@@ -536,35 +383,3 @@ class UnpairedBatch(SequenceBatch):
 
     labels: Tensor | None = None
     index: Tensor | None = None
-
-
-@dataclass(frozen=True)
-class ValueHeadSpec:
-    """How a plugin that declares a value head wants it built (:mod:`prefzoo.models.value`).
-
-    Attributes:
-        adapter: ``separate`` (its own LoRA adapter beside the policy's: PPO's default) or ``shared`` (the head on
-            the policy's own adapter: the reward model).
-        init: ``zeros`` (V = 0 at the start: PPO) or ``normal`` (N(0, 1/(hidden+1)): a reward model that ranks at
-            chance instead of all ties).
-    """
-
-    adapter: str = "separate"
-    init: str = "zeros"
-
-
-@dataclass
-class ObjectiveSettings:
-    """The resolved objective a plugin optimises: J = E[r] - beta * D(pi || pi_ref)."""
-
-    beta: float
-    divergence: str = "reverse_kl"
-    alpha: float = 0.5
-    kl_estimator: str = "k1"
-    kl_placement: str = "in_reward"
-    kl_controller: str = "fixed"
-    kl_target: float | None = None
-    kl_horizon: int = 10000
-    kl_bias_correction: bool = False
-
-

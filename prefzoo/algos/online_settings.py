@@ -1,0 +1,191 @@
+"""The online policy-gradient family's settings and checks (:mod:`prefzoo.algos.online` is its body): the config every
+member derives from, the group-relative members' config, the checks they share, the warnings of a step that teaches
+nothing, and the family's declaration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
+from prefzoo.errors import ConfigError
+from prefzoo.objective import ADVANTAGE_SCALES
+from prefzoo.types import ObjectiveSettings
+
+__all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "check_online_settings", "check_dynamic_sampling",
+           "check_adaptive_start", "check_group_relative_settings", "check_policy_clip", "stores_old_logps",
+           "ZERO_SPREAD_STEPS", "zero_spread_warning", "MAXRL_WARNING", "online_declaration"]
+
+
+#: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
+#: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
+AGGREGATION_OF = {"grpo": "sequence_mean", "dr_grpo": "constant", "dapo": "token_mean"}
+
+
+@dataclass
+class OnlineConfig(AlgoConfig):
+    """The settings every member of the family has (its config derives from this one).
+
+    Attributes:
+        num_samples: G, completions sampled per prompt.
+        loss_aggregation: ``grpo`` | ``dr_grpo`` | ``dapo`` (:data:`AGGREGATION_OF`).
+        epochs: passes over each rollout (GRPO's mu, TRL's ``num_iterations``).
+        num_minibatches: optimizer steps per pass.
+        mask_truncated: completions without EOS contribute no loss.
+        dynamic_sampling: DAPO's dynamic sampling (:func:`dynamic_sampling`): groups whose rewards are all equal are
+            dropped and more prompts drawn until the step holds ``trainer.batch_size`` informative groups.
+        max_extra_draws: the cap on dynamic sampling's extra rounds per step (each of ``trainer.batch_size`` prompts).
+    """
+
+    # With the arithmetic task's exact-match reward, G = 4 and SmolLM2-135M: at temperature 1.0 only ~4% of samples
+    # are right and most groups are all-wrong (zero advantage, no gradient); at 0.7 ~15% are. 8 prompts per step
+    # double the informative groups per step.
+    default_temperature: float = 0.7
+    default_batch_size: int = 8
+    num_samples: int = 4
+    loss_aggregation: str = "grpo"
+    epochs: int = 1
+    num_minibatches: int = 1
+    mask_truncated: bool = False
+    dynamic_sampling: bool = False
+    max_extra_draws: int = 3
+
+
+@dataclass
+class GroupRelativeConfig(OnlineConfig):
+    """The config of the members whose advantage is GRPO's group-relative one (GRPO, GSPO, CISPO), with their common
+    defaults: no KL term (beta = 0: DeepSeek-R1, Dr. GRPO, DAPO, GSPO and CISPO drop it); with beta > 0, k3 as a loss.
+
+    Attributes:
+        scale_rewards: ``group`` | ``batch`` | ``none`` (:data:`prefzoo.objective.ADVANTAGE_SCALES`).
+        advantage_eps: added to the std before dividing.
+    """
+
+    default_beta: float = 0.0
+    default_kl_estimator: str = "k3"
+    default_kl_placement: str = "as_loss"
+    scale_rewards: str = "group"
+    advantage_eps: float = 1e-4
+
+
+def check_online_settings(cfg: OnlineConfig, objective: ObjectiveSettings, min_samples: int = 1,
+                          why: str = "") -> None:
+    """The checks every member's config shares: ``num_samples`` >= ``min_samples`` (``why``: what the others are
+    for), ``loss_aggregation``, ``epochs`` and ``num_minibatches`` >= 1, and the adaptive controller's starting beta.
+
+    Raises:
+        ConfigError: the first bad value, naming its key and the valid range.
+    """
+    if not cfg.num_samples >= min_samples:
+        raise ConfigError(f"algo.num_samples={cfg.num_samples}: algo={cfg.name} needs at least {min_samples} "
+                          f"completion{'s' if min_samples > 1 else ''} per prompt{f' ({why})' if why else ''}.")
+    if cfg.loss_aggregation not in AGGREGATION_OF:
+        raise ConfigError(f"algo.loss_aggregation={cfg.loss_aggregation!r}; choose one of {', '.join(AGGREGATION_OF)}.")
+    if cfg.epochs < 1 or cfg.num_minibatches < 1:
+        raise ConfigError(f"algo.epochs={cfg.epochs} and algo.num_minibatches={cfg.num_minibatches} must be >= 1.")
+    if cfg.dynamic_sampling and (cfg.num_samples < 2 or cfg.max_extra_draws < 0):
+        raise ConfigError(f"algo.dynamic_sampling=true drops the groups of algo.num_samples={cfg.num_samples} "
+                          f"completions whose rewards are all equal: it needs num_samples >= 2 and "
+                          f"algo.max_extra_draws={cfg.max_extra_draws} >= 0.")
+    if cfg.dynamic_sampling and objective.beta > 0 and objective.kl_placement == "in_reward":
+        raise ConfigError(f"algo.dynamic_sampling=true with the KL in the reward (objective.beta={objective.beta}, "
+                          "kl_placement=in_reward): a group of equal rewards still carries the KL penalty's "
+                          "advantages, so dropping it would change the update; put the KL in the loss "
+                          "(objective.kl_placement=as_loss) or set objective.beta=0.")
+    check_adaptive_start(objective)
+
+
+def check_dynamic_sampling(cfg: OnlineConfig, why: str) -> None:
+    """A member whose baseline is not the group refuses ``algo.dynamic_sampling`` (``why``: what its baseline is):
+    a group of equal rewards still carries advantages there, so dropping it would change the update.
+
+    Raises:
+        ConfigError: naming the key and the reason.
+    """
+    if cfg.dynamic_sampling:
+        raise ConfigError(f"algo.dynamic_sampling=true is for plugins whose baseline is the group (GRPO, GSPO, CISPO, "
+                          f"RLOO); algo={cfg.name}: {why}.")
+
+
+def check_adaptive_start(objective: ObjectiveSettings) -> None:
+    """The adaptive KL controller (Ziegler et al. 2019) scales beta multiplicatively: it needs a starting beta > 0.
+
+    Raises:
+        ConfigError: naming ``objective.beta``.
+    """
+    if objective.kl_controller == "adaptive" and not objective.beta > 0:
+        raise ConfigError("the adaptive KL controller needs a starting objective.beta > 0.")
+
+
+def check_group_relative_settings(cfg: GroupRelativeConfig, objective: ObjectiveSettings) -> None:
+    """The checks of a member with GRPO's advantages: :func:`check_online_settings` with G >= 2 (the group is the
+    baseline), and ``algo.scale_rewards`` one of :data:`prefzoo.objective.ADVANTAGE_SCALES`.
+
+    Raises:
+        ConfigError: the first bad value, naming its key and the valid values.
+    """
+    check_online_settings(cfg, objective, min_samples=2, why="the group is the baseline")
+    if cfg.scale_rewards not in ADVANTAGE_SCALES:
+        raise ConfigError(f"algo.scale_rewards={cfg.scale_rewards!r}; choose one of {', '.join(ADVANTAGE_SCALES)}.")
+
+
+def check_policy_clip(cfg) -> None:
+    """PPO's ratio clip: ``algo.clip_eps_low`` in [0, 1) and ``algo.clip_eps_high`` >= 0.
+
+    Raises:
+        ConfigError: naming both keys and their ranges.
+    """
+    if not 0 <= cfg.clip_eps_low < 1 or cfg.clip_eps_high < 0:
+        raise ConfigError(f"algo.clip_eps_low={cfg.clip_eps_low} must be in [0, 1) and algo.clip_eps_high="
+                          f"{cfg.clip_eps_high} >= 0.")
+
+
+def stores_old_logps(epochs: int, num_minibatches: int) -> bool:
+    """Whether a rollout must keep log pi_old (one no-grad pass at sampling time): True when any update after the
+    first sees it, i.e. ``epochs * num_minibatches > 1`` (the later optimizer steps are off-policy)."""
+    return epochs * num_minibatches > 1
+
+
+#: steps in a row with every group's rewards equal before :func:`zero_spread_warning` is printed
+ZERO_SPREAD_STEPS = 5
+
+
+def zero_spread_warning(num_samples: int, temperature: float, steps: int = ZERO_SPREAD_STEPS) -> MetricWarning:
+    """The warning of a plugin whose baseline is the group: every group of ``num_samples`` completions scored alike
+    (``frac_zero_std_groups`` = 1) means every advantage is 0, and the reward teaches the policy nothing."""
+    return MetricWarning(
+        "frac_zero_std_groups", 1.0, steps,
+        f"every group of algo.num_samples={num_samples} completions got one reward, so every advantage is 0 and the "
+        "policy learns nothing from the reward. The reward is likely too hard (all 0) or too easy (all the same high "
+        f"value) for this model, or the samples too alike: raise rollout.temperature={temperature:g} or "
+        "algo.num_samples, or use an easier task or a reward that gives partial credit.")
+
+
+#: MaxRL (``algo.scale_rewards=mean``): the advantage (r - mean) / mean is 0 for a group whose mean reward is <= 0
+MAXRL_WARNING = MetricWarning(
+    "frac_nonpositive_groups", 1.0, ZERO_SPREAD_STEPS,
+    "every group's mean reward was <= 0, where MaxRL's advantage (r - mean) / mean is 0 (algo.scale_rewards=mean), so "
+    "the loss and its gradient are 0 and nothing trains. MaxRL is for rewards >= 0 with some > 0 (e.g. 0/1 "
+    "correctness); for rewards that can be negative use algo.scale_rewards=group (or none).")
+
+
+def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_baseline: bool = True,
+                       capabilities: frozenset[str] = frozenset()) -> Declaration:
+    """The declaration of a member: a reference only when beta > 0 (or adaptive), rollouts scored by the run's reward,
+    the loss reduction of ``algo.cfg.loss_aggregation`` (Dr. GRPO's constant is the sampling budget
+    ``max_new_tokens``), the config's epochs, mini-batches and G; with ``group_baseline`` (the group is each sample's
+    baseline) the :func:`zero_spread_warning`; ``capabilities`` as :class:`~prefzoo.algos.base.Declaration`'s, plus
+    ``sampler_correction`` (every member weights its loss by :func:`engine_correction`'s weights)."""
+    cfg, aggregation = algo.cfg, AGGREGATION_OF[algo.cfg.loss_aggregation]
+    warnings = (zero_spread_warning(cfg.num_samples, algo.sampling.temperature),) if group_baseline else ()
+    if isinstance(cfg, GroupRelativeConfig) and cfg.scale_rewards == "mean":
+        warnings += (MAXRL_WARNING,)
+    return Declaration(
+        reference=algo.beta > 0 or algo.objective.kl_controller == "adaptive", online=True, reward=True,
+        aggregation=aggregation,
+        aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
+        epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
+        progress_keys=progress_keys, warnings=warnings, capabilities=capabilities | {"sampler_correction"},
+        draws_prompts=cfg.dynamic_sampling)
+
+
+# ----------------------------------------------------------------------------------------------- the rollout
