@@ -26,7 +26,7 @@ __all__ = ["REGISTRY", "register", "get_algorithm", "load_target", "entry_point_
 REGISTRY: dict[str, type[Algorithm]] = {}
 ENTRY_POINT_GROUP = "prefzoo.algorithms"
 BUILTIN = ("dpo", "simpo", "orpo", "sft", "kto", "grpo", "ppo", "rm", "bon", "rloo", "reinforce_pp", "gspo", "cispo",
-           "online_dpo", "distill")
+           "online_dpo", "distill", "teacher_reward")
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:

@@ -1,51 +1,39 @@
-"""On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649; TRL 1.16's ``DistillationTrainer``; Thinking
-Machines' "On-Policy Distillation", 2025): the student samples its own completions and is trained toward a frozen
-teacher's next-token distributions on them.
+"""On-policy distillation by the generalised JSD (Agarwal et al. 2024, GKD, arXiv:2306.13649; TRL 1.16's
+``DistillationTrainer``): the student samples its own completions and is trained toward a frozen teacher's next-token
+distributions on them. Its sibling ``algo=teacher_reward`` (:mod:`prefzoo.algos.teacher_reward`; Thinking Machines'
+"On-Policy Distillation", 2025) learns from the teacher's log-prob of each sampled token instead, as a reward.
 
 On prefzoo's objective it is not a special case: with the reward r(x, y) = beta log pi_T(y|x) / pi_ref(y|x) the optimum
-pi* = pi_ref exp(r / beta) / Z IS the teacher (Z = 1), for every beta > 0 (:mod:`prefzoo.objective.distillation`). Both
-losses below reach it when the student can represent the teacher (the conformance rows: TV(pi, pi_T) = 0 on the
-tabular bed).
+pi* = pi_ref exp(r / beta) / Z IS the teacher (Z = 1), for every beta > 0 (:mod:`prefzoo.objective.distillation`). The
+loss reaches it when the student can represent the teacher (the conformance rows: TV(pi, pi_T) = 0 on the tabular bed).
 
-``algo.loss_type``:
+The loss: per token of the student's sample, the generalised JSD between the student's and the teacher's whole
+next-token distributions, :func:`prefzoo.objective.chunked_generalized_jsd` with ``algo.jsd_beta`` (TRL's ``beta``: 0
+forward KL(teacher || student), 1 reverse KL(student || teacher), the default as in TRL; in between the mixture JSD;
+the convention at the ends is stated in the objective module), at the sampling temperature on both sides (TRL's
+``temperature``). The loss is the token mean over the batch (``loss_aggregation`` ``dapo``: TRL divides the summed
+divergence by the number of completion tokens). Its gradient does not go through the sampling (GKD, sec. 3: "we do
+not backpropagate through the student's sampling"), so it is the gradient of the divergence at the sampled contexts;
+the teacher's logits are recomputed chunk by chunk from its final hidden states and never kept for all tokens
+(``algo.chunk_size`` positions at a time).
 
-* ``jsd`` (the default; GKD, TRL): per token of the student's sample, the generalised JSD between the student's and
-  the teacher's whole next-token distributions, :func:`prefzoo.objective.chunked_generalized_jsd` with
-  ``algo.jsd_beta`` (TRL's ``beta``: 0 forward KL(teacher || student), 1 reverse KL(student || teacher), the default as
-  in TRL; in between the mixture JSD; the convention at the ends is stated in the objective module), at the sampling
-  temperature on both sides (TRL's ``temperature``). The loss is the token mean over the batch (``loss_aggregation``
-  ``dapo``: TRL divides the summed divergence by the number of completion tokens). Its gradient does not go through
-  the sampling (GKD, sec. 3: "we do not backpropagate through the student's sampling"), so it is the gradient of the
-  divergence at the sampled contexts; the teacher's logits are recomputed chunk by chunk from its final hidden states
-  and never kept for all tokens (``algo.chunk_size`` positions at a time).
-* ``teacher_reward``: plain RL on the per-token reward r_t = log pi_T(y_t) - log pi_old(y_t) (the objective's
-  beta log pi_T / pi_ref with the k1 penalty in the reward, over beta: pi_ref cancels, so no reference is needed),
-  reward-to-go with ``algo.discount`` (gamma: 1, the default, is the exact policy gradient of -KL(pi || pi_T) over whole
-  sequences; Tinker's cookbook uses 0, each token's own log-ratio, lower variance and biased), no baseline, no
-  whitening, then the family's per-token surrogate (``algo.policy_loss``: PPO's clip by default, ratio 1 with one
-  optimizer step per rollout). One sample of the teacher's log-prob per token instead of its whole distribution:
-  cheaper (one teacher pass at sampling time, no vocabulary-sized work in the loss) and noisier.
-
-``objective.beta`` (0 by default, as TRL: no reference penalty) adds the family's KL to pi_ref on top (as a loss, or in
-the reward, ``objective.kl_placement``), which moves the fixed point to pi ~ pi_T^(1/(1+beta)) pi_ref^(beta/(1+beta))
-for the reverse-KL losses (maximise -KL(pi || pi_T) - beta KL(pi || pi_ref)).
+``objective.beta`` (0 by default, as TRL: no reference penalty) adds the family's KL to pi_ref on top, as a loss (the
+JSD has no reward to put it in), which moves the fixed point to pi ~ pi_T^(1/(1+beta)) pi_ref^(beta/(1+beta)) at
+jsd_beta = 1 (maximise -KL(pi || pi_T) - beta KL(pi || pi_ref)).
 
 The teacher: ``algo.teacher`` is a prefzoo run folder (its adapter over its own base model, as
 ``prefzoo.load_policy`` rebuilds it), a LoRA adapter folder (``adapter_config.json``) over this run's base model, or a
-model path or id; it must share the student's tokenizer (checked on load). The loop loads it frozen, in eval mode,
-beside the policy (:class:`~prefzoo.algos.base.Declaration`'s ``teacher``); an adapter is merged into a copy of its
-base weights (one more copy of the base in memory; the student's own base is not shared with it).
+model path or id; it must share the student's tokenizer (checked before the model loads). The loop loads it frozen,
+in eval mode, beside the policy (:class:`~prefzoo.algos.base.Declaration`'s ``teacher``); an adapter is merged into a
+copy of its base weights (one more copy of the base in memory; the student's own base is not shared with it).
 
-Metrics: the online family's schema (with ``jsd``, the drift ``kl`` / ``kl_k1`` / ``kl_k3`` to pi_ref and the
-``entropy`` come from the student's logits of the loss's pass: no second pass); ``divergence`` (``jsd``: the per-token JSD of ``jsd_beta``, nats, the loss's
-value), ``teacher_kl`` (KL(pi_old || pi_T) per token from the samples, k1: ``teacher_reward``, and ``jsd`` with
-``jsd_beta=1`` where it is the loss itself), ``teacher_logp`` (``teacher_reward``: the teacher's mean log-prob per token
-of the student's samples).
+Metrics: the online family's schema (the drift ``kl`` / ``kl_k1`` / ``kl_k3`` to pi_ref and the ``entropy`` come from
+the student's logits of the loss's pass: no second pass); ``divergence`` (the per-token JSD of ``jsd_beta``, nats, the
+loss's value), ``teacher_kl`` (KL(pi || pi_T) per token, at ``jsd_beta=1`` where it is the loss itself).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -56,28 +44,21 @@ from prefzoo.algos import register
 from prefzoo.algos.online import OnlinePolicyGradient, add_kl_loss, update_metrics
 from prefzoo.algos.online_sampling import ScoredSamples
 from prefzoo.algos.online_settings import (OnlineConfig, check_dynamic_sampling, check_online_settings,
-                                           check_policy_clip, online_declaration)
-from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
+                                           check_teacher, online_declaration)
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (TRUST_REGION_LOSSES, TokenLogits, chunked_generalized_jsd, gae, linear_token_logps,
-                               masked_sum, teacher_log_ratio_rewards, token_entropy, token_logps)
+from prefzoo.objective import (TokenLogits, chunked_generalized_jsd, linear_token_logps, masked_sum, token_entropy,
+                               token_logps)
 from prefzoo.types import NO_STEP, DistillationPolicy, Experience, LossOutput, ObjectiveSettings, StepContext
-
-log = logging.getLogger(__name__)
-
-LOSS_TYPES = ("jsd", "teacher_reward")
 
 
 @dataclass
-class DistillConfig(TrustRegionConfig, OnlineConfig):
+class DistillConfig(OnlineConfig):
     """``algo=distill``'s settings (module docstring).
 
     Attributes:
         teacher: the teacher (required): a prefzoo run folder, a LoRA adapter folder, or a model path or id.
-        loss_type: ``jsd`` | ``teacher_reward``.
-        jsd_beta: the generalised JSD's beta in [0, 1] (0 forward KL, 1 reverse KL; ``jsd``).
-        chunk_size: positions per chunk of the vocabulary-sized work (``jsd``).
-        discount: gamma of the reward-to-go (``teacher_reward``).
+        jsd_beta: the generalised JSD's beta in [0, 1] (0 forward KL, 1 reverse KL).
+        chunk_size: positions per chunk of the vocabulary-sized work.
     """
 
     name: str = "distill"
@@ -85,87 +66,48 @@ class DistillConfig(TrustRegionConfig, OnlineConfig):
     default_kl_estimator: str = "k3"
     default_kl_placement: str = "as_loss"
     default_temperature: float = 1.0  # TRL's temperature (sampling and the loss)
-    teacher: Optional[str] = None  # required: validate_settings says what to give
-    loss_type: str = "jsd"
+    teacher: Optional[str] = None  # required: check_teacher says what to give
     jsd_beta: float = 1.0  # TRL 1.16's default: reverse KL
     chunk_size: int = 256
-    discount: float = 1.0
     num_samples: int = 1  # one completion per prompt (TRL); no group baseline is used
     loss_aggregation: str = "dapo"  # the token mean over the batch (TRL's sum / number of completion tokens)
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    policy_loss: str = "clipped"  # teacher_reward's surrogate: clipped | dppo_tv | dppo_kl | sapo | dro
 
 
 @register
 class Distill(OnlinePolicyGradient):
-    """On-policy distillation plugin: the student's samples, the teacher's distributions (or log-probs) on them."""
+    """GKD plugin: the student's samples, the generalised JSD to the teacher's distributions on them."""
 
     config_class = DistillConfig
     progress_keys = ("divergence", "reward")
 
     @staticmethod
     def validate_settings(cfg: DistillConfig, objective: ObjectiveSettings) -> None:
-        if not cfg.teacher:
-            raise ConfigError("algo=distill needs a teacher: algo.teacher=<a prefzoo run folder, a LoRA adapter folder, "
-                              "or a model path or id sharing the student's tokenizer>.")
-        if cfg.loss_type not in LOSS_TYPES:
-            raise ConfigError(f"algo.loss_type={cfg.loss_type!r}; choose one of {', '.join(LOSS_TYPES)}.")
+        check_teacher(cfg)
         if not 0.0 <= cfg.jsd_beta <= 1.0:
             raise ConfigError(f"algo.jsd_beta={cfg.jsd_beta} must be in [0, 1] (0: forward KL(teacher || student), "
                               "1: reverse KL(student || teacher), in between the generalised JSD).")
         if cfg.chunk_size < 1:
             raise ConfigError(f"algo.chunk_size={cfg.chunk_size} must be >= 1 (positions per chunk of the "
                               "vocabulary-sized work).")
-        if not 0.0 <= cfg.discount <= 1.0:
-            raise ConfigError(f"algo.discount={cfg.discount} must be in [0, 1] (1: the exact policy gradient of the "
-                              "sequence's reverse KL; 0: each token's own log-ratio).")
-        if cfg.loss_type == "jsd" and objective.beta > 0 and objective.kl_placement == "in_reward":
+        if objective.beta > 0 and objective.kl_placement == "in_reward":
             raise ConfigError(f"objective.beta={objective.beta} with objective.kl_placement=in_reward: algo=distill's "
-                              "jsd loss has no reward to put the KL in; use objective.kl_placement=as_loss, or "
-                              "algo.loss_type=teacher_reward.")
-        if cfg.loss_type == "teacher_reward" and cfg.jsd_beta != DistillConfig.jsd_beta:
-            log.warning("algo.jsd_beta=%g is the jsd loss's; algo.loss_type=teacher_reward rewards the teacher's "
-                        "log-ratio and ignores it: drop it.", cfg.jsd_beta)
-        check_online_settings(cfg, objective)
+                              "JSD has no reward to put the KL in; use objective.kl_placement=as_loss, or "
+                              "algo=teacher_reward (the teacher's log-ratio as a reward).")
+        # (before the group-size check, whose message would not say why)
         check_dynamic_sampling(cfg, "its loss has no reward baseline (the teacher is the target)")
-        check_policy_clip(cfg)
-        check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
+        check_online_settings(cfg, objective)
 
     def declare(self):
-        keys = self.progress_keys if self.cfg.loss_type == "jsd" else ("teacher_kl", "reward")
-        d = online_declaration(self, keys, group_baseline=False)
+        d = online_declaration(self, self.progress_keys, group_baseline=False)
         # the JSD reads no advantage, so a sampler correction's weights (which scale advantages) would change nothing
-        caps = d.capabilities - {"sampler_correction"} if self.cfg.loss_type == "jsd" else d.capabilities
-        return replace(d, teacher=self.cfg.teacher, capabilities=caps)
-
-    @property
-    def rollout_logps(self) -> bool:  # the per-token reward needs log pi at sampling time
-        return self.cfg.loss_type == "teacher_reward"
-
-    @property
-    def rollout_teacher_logps(self) -> bool:
-        return self.cfg.loss_type == "teacher_reward"
+        return replace(d, teacher=self.cfg.teacher, capabilities=d.capabilities - {"sampler_correction"})
 
     def advantages(self, scored: ScoredSamples, penalty: Tensor, step: StepContext) -> tuple[Tensor, dict[str, float]]:
-        """``teacher_reward``: the reward-to-go of r_t = log pi_T - log pi_old (plus the KL penalty to pi_ref, 0 unless
-        ``objective.beta`` > 0 in the reward) with gamma = ``algo.discount``. Shape (B, T). ``jsd``: zeros (its loss
-        reads the teacher's distributions, not an advantage)."""
+        """Zeros, Shape (B, T): the loss reads the teacher's distributions, not an advantage."""
         mask = scored.samples.completion_mask
-        if self.cfg.loss_type == "jsd":
-            return torch.zeros(mask.shape, device=mask.device), {}
-        rewards = teacher_log_ratio_rewards(scored.teacher_logps, scored.logps, mask)
-        count = float(mask.sum().clamp(min=1))
-        returns, _ = gae(rewards + penalty, torch.zeros_like(penalty), mask, self.cfg.discount, 1.0)
-        return returns, {"teacher_kl": float(-masked_sum(rewards, mask)) / count,
-                         "teacher_logp": float(masked_sum(scored.teacher_logps, mask)) / count}
-
-    def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
-        return trust_region_token_loss(self.cfg, logps, old_logps, batch)
+        return torch.zeros(mask.shape, device=mask.device), {}
 
     def loss(self, policy: DistillationPolicy, batch: Experience, step: StepContext = NO_STEP) -> LossOutput:
-        if self.cfg.loss_type == "teacher_reward":
-            return super().loss(policy, batch)
         mask, completion = batch.loss_mask, batch.completion_mask
         student = policy.token_logits(batch)
         with torch.no_grad():

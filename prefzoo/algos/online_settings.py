@@ -5,6 +5,7 @@ nothing, and the family's declaration."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration, MetricWarning
 from prefzoo.errors import ConfigError
@@ -104,6 +105,28 @@ def check_dynamic_sampling(cfg: OnlineConfig, why: str) -> None:
     if cfg.dynamic_sampling:
         raise ConfigError(f"algo.dynamic_sampling=true is for plugins whose baseline is the group (GRPO, GSPO, CISPO, "
                           f"RLOO); algo={cfg.name}: {why}.")
+
+
+def check_range(cfg, keys: tuple[str, ...], valid: Callable[[float], bool], what: str) -> None:
+    """Each of ``algo.<key>`` for ``keys`` passes ``valid``, else a one-line error saying it must be ``what``.
+
+    Raises:
+        ConfigError: naming the first key out of range, e.g. ``algo.gae_lambda=1.5 must be in [0, 1].``
+    """
+    for key in keys:
+        if not valid(getattr(cfg, key)):
+            raise ConfigError(f"algo.{key}={getattr(cfg, key)} must be {what}.")
+
+
+def check_teacher(cfg) -> None:
+    """A member that learns from a frozen teacher (``algo=distill``, ``algo=teacher_reward``) needs ``algo.teacher``.
+
+    Raises:
+        ConfigError: saying what a teacher can be.
+    """
+    if not cfg.teacher:
+        raise ConfigError(f"algo={cfg.name} needs a teacher: algo.teacher=<a prefzoo run folder, a LoRA adapter "
+                          "folder, or a model path or id sharing the student's tokenizer>.")
 
 
 def check_adaptive_start(objective: ObjectiveSettings) -> None:

@@ -1,5 +1,5 @@
-"""algo=distill: the JSD loss's gradient on the tabular bed against the closed form, the teacher-reward loss's gradient
-against the exact reverse-KL gradient (Monte-Carlo, with its standard error), the three kinds of teacher on the tiny
+"""algo=distill and algo=teacher_reward: the JSD loss's gradient on the tabular bed against the closed form, the
+teacher-reward loss's gradient against the exact reverse-KL gradient (Monte-Carlo, with its standard error), the three kinds of teacher on the tiny
 model end to end (a model folder, a run folder, an adapter folder), and the bad inputs, one line each.
 
 Tolerances (tests/bounds.py). The tabular bed is float32 (its tables, log-probs and the JSD of the plugin), the
@@ -28,8 +28,8 @@ REF = torch.tensor([[0.0, 0.5, -0.5], [1.0, 0.0, 0.0]])
 TEACHER = torch.tensor([[1.0, -1.0, 0.0], [-0.5, 0.5, 1.5]])
 
 
-def _bed(loss_type: str, rows: int, seed: int = 0):
-    algo = build_algorithm("distill", dict(teacher="table", loss_type=loss_type), dict(beta=0.0), 0.0)
+def _bed(name: str, rows: int, seed: int = 0):
+    algo = build_algorithm(name, dict(teacher="table"), dict(beta=0.0), 0.0)
     policy = TabularPolicy(REF, seed=seed, with_reference=False, teacher_logits=TEACHER)
     batch, _ = algo.make_experience(policy, PromptSource(REF.shape[0], repeats=rows).next(), TableScorer(torch.zeros(2, 3)))
     return algo, policy, batch
@@ -47,7 +47,7 @@ def test_the_jsd_loss_gradient_is_the_reverse_kl_gradient_of_the_sampled_prompts
     log-softmax of 3 logits, ~6; the 3 terms of the divergence and their backward, ~6; the sum over the <= 6 rows of
     a prompt, 6) on numbers no larger than M: gamma_18 M = 5.2e-6. Measured 4.7e-8 (gradient) and 2.4e-8
     (divergence) at 1 and 2 threads (the old atol 1e-6 was not derived)."""
-    algo, policy, batch = _bed("jsd", rows=3)
+    algo, policy, batch = _bed("distill", rows=3)
     out = algo.loss(policy, batch)
     _loss(algo, batch, out).backward()
     s, t = torch.softmax(REF.double(), -1), torch.softmax(TEACHER.double(), -1)
@@ -72,7 +72,7 @@ def test_the_jsd_pass_gives_the_sampled_tokens_log_probs_and_entropies():
     Measured 6e-8 and 1.2e-7 (the old atol 1e-6 was not derived)."""
     from prefzoo.algos.distill import sampled_token_logps
 
-    algo, policy, batch = _bed("jsd", rows=3)
+    algo, policy, batch = _bed("distill", rows=3)
     logps, entropy = sampled_token_logps(policy.token_logits(batch), batch, 0.7, 2)
     want, want_entropy = policy.logps(batch, 0.7, with_entropy=True)
     magnitude = 2 * float(REF.abs().max()) / 0.7 + float(want.detach().abs().max())
@@ -82,7 +82,7 @@ def test_the_jsd_pass_gives_the_sampled_tokens_log_probs_and_entropies():
 
 @pytest.mark.numerics
 def test_the_teacher_reward_gradient_is_the_reverse_kl_gradient_in_expectation():
-    """loss_type=teacher_reward: the per-sample gradient is g_i = -(log T(y_i) - log S(y_i)) (e_{y_i} - S) (REINFORCE
+    """algo=teacher_reward: the per-sample gradient is g_i = -(log T(y_i) - log S(y_i)) (e_{y_i} - S) (REINFORCE
     with ratio 1, the score grad_z log S(y) = e_y - S), whose expectation is grad_z KL(S || T) = S (log S - log T -
     KL). Checked on 10,000 samples of each of the 2 prompts at 4 standard errors of the mean of the g_i (computed here
     from the samples, not by the plugin): kind 4, the seed fixed; over seeds a false failure has probability at most
@@ -157,16 +157,16 @@ def test_distillation_from_a_model_folder_brings_the_student_to_the_teacher(teac
     assert len(y) == 16 and slope < -2 * se, (slope, se, y.tolist())
 
 
-@pytest.mark.parametrize("kind,extra", [("run", ["algo.loss_type=teacher_reward"]), ("run/adapter", [])])
-def test_a_run_folder_and_an_adapter_folder_are_teachers(teachers, tmp_path, kind, extra):
+@pytest.mark.parametrize("kind,algo", [("run", "teacher_reward"), ("run/adapter", "distill")])
+def test_a_run_folder_and_an_adapter_folder_are_teachers(teachers, tmp_path, kind, algo):
     from prefzoo.training.loop import Trainer
 
-    summary = Trainer(compose(["algo=distill", f"algo.teacher={teachers / kind}", *RUN, "trainer.max_steps=2",
-                               *extra]), tmp_path).run()
+    summary = Trainer(compose([f"algo={algo}", f"algo.teacher={teachers / kind}", *RUN, "trainer.max_steps=2"]),
+                      tmp_path).run()
     m = summary["final_train_metrics"]
     assert summary["steps"] == 2 and math.isfinite(m["loss"])
-    assert m["teacher_kl"] >= 0 if extra else m["divergence"] >= 0
-    if not extra:  # jsd: the drift to pi_ref (LoRA's adapter switched off) and the entropy, from the loss's own pass
+    assert m["teacher_kl"] >= 0 if algo == "teacher_reward" else m["divergence"] >= 0
+    if algo == "distill":  # jsd: the drift to pi_ref (LoRA's adapter switched off) and the entropy, from the loss's own pass
         assert "kl_k1" in m and m["kl_k3"] >= 0 and m["entropy"] > 0  # (k1, a sample mean, may be < 0)
 
 
@@ -186,7 +186,10 @@ def check_config(overrides):
 @pytest.mark.parametrize("overrides,message", [
     (["algo=distill"], "algo=distill needs a teacher"),
     (["algo=distill", "algo.teacher=smollm2", "algo.jsd_beta=1.5"], "algo.jsd_beta=1.5 must be in [0, 1]"),
-    (["algo=distill", "algo.teacher=smollm2", "algo.loss_type=kl"], "choose one of jsd, teacher_reward"),
+    (["algo=teacher_reward"], "algo=teacher_reward needs a teacher"),
+    (["algo=teacher_reward", "algo.teacher=smollm2", "algo.discount=1.5"], "algo.discount=1.5 must be in [0, 1]"),
+    (["algo=teacher_reward", "algo.teacher=smollm2", "algo.policy_loss=clip"], "algo.policy_loss"),
+    (["algo=teacher_reward", "algo.teacher=smollm2", "algo.dynamic_sampling=true"], "its baseline is none"),
     (["algo=distill", "algo.teacher=smollm2", "objective.beta=0.1", "objective.kl_placement=in_reward"],
      "no reward to put the KL in"),
     (["algo=distill", "algo.teacher=/no/such/run"], "does not exist"),
