@@ -42,6 +42,10 @@ RENAMED_KEYS = {
 
 #: keys renamed for one algorithm only (the same key is current for the others): algo name -> {old key: new key}
 RENAMED_KEYS_OF = {
+    "distill": {"algo.loss_type": "algo=distill for the JSD, algo=teacher_reward for the teacher's log-ratio as a "
+                                  "per-token reward (loss_type=teacher_reward is its own plugin now)",
+                "algo.discount": "algo=teacher_reward's algo.discount (the reward-to-go is algo=teacher_reward's, "
+                                 "algo=distill's JSD has none)"},
     "cispo": {"algo.clip_eps_low": "algo.is_clip_eps_low (CISPO bounds an importance WEIGHT, not PPO's ratio)",
               "algo.clip_eps_high": "algo.is_clip_eps_high (CISPO bounds an importance WEIGHT, not PPO's ratio)"},
 }
@@ -103,16 +107,13 @@ def to_typed(cfg: DictConfig) -> Config:
     return preflight(cfg).config
 
 
-def preflight(cfg: DictConfig, overrides: list[str] | None = None) -> Preflight:
-    """Hydra's composed config -> the typed, resolved and validated config and its plugin, before any model loads:
-    the algorithm exists (built-in, installed, or ``algo=custom algo.target=...``), the run's values are valid, and
-    the plugin's own settings pass its ``validate_settings`` against the resolved objective. The plugin is built here
-    once (:func:`prefzoo.training.plugin.build_algorithm`) and the run trains that very object. ``overrides``: the
-    words the user wrote (the Python API's; default: the command line's, from Hydra), for the checks of what was
-    chosen explicitly.
+def plugin_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with its ``algo`` node the chosen plugin's config: a built-in's or an installed one's as composed, or
+    ``algo=custom algo.target=...``'s class's schema merged with the given keys (checked: the class is a plugin, its
+    keys exist, its name is not a built-in's).
 
     Raises:
-        ConfigError: no or an unknown algorithm, a bad value, a bad combination (one line naming the key).
+        ConfigError: no algorithm chosen, ``algo=custom`` without a target, an unknown key or name.
         PluginError: ``algo.target`` names something that is not a plugin.
     """
     from prefzoo.algos import get_algorithm, load_target
@@ -136,59 +137,33 @@ def preflight(cfg: DictConfig, overrides: list[str] | None = None) -> Preflight:
         with open_dict(cfg):
             cfg.algo = node
     else:
-        cls = get_algorithm(cfg.algo.name)
+        get_algorithm(cfg.algo.name)  # (an unknown name: one line, naming the known ones)
+    return cfg
+
+
+def preflight(cfg: DictConfig, overrides: list[str] | None = None) -> Preflight:
+    """Hydra's composed config -> the typed, resolved and validated config and its plugin, before any model loads:
+    the algorithm exists (built-in, installed, or ``algo=custom algo.target=...``), the run's values are valid, and
+    the plugin's own settings pass its ``validate_settings`` against the resolved objective. The plugin is built here
+    once (:func:`prefzoo.training.plugin.build_algorithm`) and the run trains that very object. ``overrides``: the
+    words the user wrote (the Python API's; default: the command line's, from Hydra), for the checks of what was
+    chosen explicitly.
+
+    Raises:
+        ConfigError: no or an unknown algorithm, a bad value, a bad combination (one line naming the key).
+        PluginError: ``algo.target`` names something that is not a plugin.
+    """
+    cfg = plugin_config(cfg)
     typed = _config.to_typed(cfg)
+    from prefzoo.training.distributed import launched_world_size
     from prefzoo.training.plugin import build_algorithm
-    from prefzoo.validation import (check_batch_size, check_correction_support, check_divergence_support,
-                                    check_environment, check_explicit_reward, check_kl_controller, check_names,
-                                    check_kl_budget, check_references, check_step_rows, check_teacher, check_teacher_fits,
-                                    warn_idle, warn_ignored)
+    from prefzoo.training.trackers import check_report_to
+    from prefzoo.validation import check_names, check_run
 
     check_names(typed)  # the annotator, eval.ood's shifted task: names in the data's registries
-
     algo = build_algorithm(typed)  # runs the plugin's validate_settings on the resolved objective
-    declaration = algo.declaration
-    from prefzoo.training.distributed import launched_world_size
-
-    check_batch_size(typed, declaration.min_batch_size, launched_world_size())  # rows per process and step
-    check_kl_controller(typed, declaration.has("adaptive_beta"))
-    # env=...: the class's shape, the budget and the reward placement, before any model loads
-    check_environment(typed, declaration.online, declaration.has("turn_rewards"))
-    check_correction_support(typed, declaration.has("sampler_correction"))  # rollout.correction.* honoured?
-    check_references(typed, declaration.num_samples)  # early-stopping metric, adapter folder, reward functions
-    check_teacher(declaration.teacher)  # algo=distill: a teacher prefzoo can load
-    check_teacher_fits(typed, declaration.teacher)  # ... that shares the student's vocabulary (and base, as an adapter)
-    check_divergence_support(typed, declaration.has("f_divergence"))  # objective=forward_kl|js|alpha honoured?
-    check_explicit_reward(typed, given_overrides(overrides))  # data=reasoning_gym with reward=arithmetic written out
-    if typed.reward.aggregation == "gdpo" and not (declaration.online and declaration.trains
-                                                   and declaration.num_samples >= 2):
-        raise ConfigError(f"reward.aggregation=gdpo normalises each reward within a prompt's group of samples; "
-                          f"algo={typed.algo.name} samples {declaration.num_samples} per prompt. Use a group-sampling "
-                          "plugin with algo.num_samples >= 2, or reward.aggregation=sum.")
-    if typed.reward.overlong_buffer is not None and not (declaration.online and declaration.trains):
-        raise ConfigError(f"reward.overlong_buffer shapes the rewards of an online plugin's training samples; "
-                          f"algo={typed.algo.name} trains on none (its data or answers are scored as they are). "
-                          "Drop reward.overlong_buffer.")
-    check_step_rows(typed, declaration.num_minibatches, declaration.num_samples)
-    check_kl_budget(typed, declaration)
-    if typed.rollout.engine == "vllm" and launched_world_size() > 1:
-        raise ConfigError("rollout.engine=vllm runs one engine beside one trainer process; data parallelism is not "
-                          "supported with it yet. Launch one process, or use rollout.engine=hf.")
-    if typed.rollout.asynchronous and declaration.online and launched_world_size() > 1:
-        raise ConfigError("rollout.asynchronous=true runs one rollout worker beside one trainer; data parallelism "
-                          f"({launched_world_size()} processes) is not supported with it yet: drop one of the two.")
-    if declaration.draws_prompts and (launched_world_size() > 1 or typed.rollout.asynchronous):
-        raise ConfigError("algo.dynamic_sampling=true draws more prompts within a step, which prefzoo does in one "
-                          "process with synchronous rollouts only; set it to false, or run without data parallelism "
-                          "and rollout.asynchronous=false.")
-    from prefzoo.training.trackers import check_report_to
-
+    check_run(typed, algo.declaration, launched_world_size(), given_overrides(overrides))  # prefzoo.validation
     check_report_to(typed)  # trainer.report_to: known trackers, their packages installed
-    from prefzoo.validation import check_rollout_servers
-
-    check_rollout_servers(typed)  # rollout.engine=vllm_server: the servers answer and serve the run's model
-    warn_idle(typed, declaration.trains, declaration.uses_beta)
-    warn_ignored(typed, declaration.online)  # legal settings that cannot apply to this run: one warning each
     return Preflight(typed, algo)
 
 
