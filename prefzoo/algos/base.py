@@ -249,6 +249,33 @@ class Algorithm:
         self.kl_ctl = make_kl_controller(objective.kl_controller, objective.beta, objective.kl_target,
                                          objective.kl_horizon)
         self.declaration: Declaration = self.declare()
+        self._check_hooks()
+
+    def _check_hooks(self) -> None:
+        """The hooks the loop calls take the step's context (``step``, a :class:`~prefzoo.types.StepContext`): a plugin
+        written for the earlier contract (``loss(self, policy, batch)``) is refused in one line, not with a TypeError
+        mid-step.
+
+        Raises:
+            PluginError: naming the hook and its signature.
+        """
+        import inspect
+
+        from prefzoo.errors import PluginError
+
+        hooks = [("loss", "policy, batch, step")]
+        if self.declaration.online:
+            hooks.append(("make_experience", "policy, prompts, score, step"))
+        for hook, args in hooks:
+            fn = getattr(type(self), hook)
+            try:
+                inspect.signature(fn).bind(self, *[None] * (args.count(",") + 1))
+            except TypeError:
+                raise PluginError(f"{type(self).__name__}.{hook}{inspect.signature(fn)} must take the step's context "
+                                  f"too: {hook}(self, {args}) (a prefzoo.types.StepContext; see "
+                                  "docs/adding-an-algorithm.md).") from None
+            except ValueError:  # a signature inspect cannot read: left to the call
+                pass
 
     # ------------------------------------------------------------------ declared
     @staticmethod

@@ -62,7 +62,7 @@ from prefzoo.types import Experience, ObjectiveSettings
 
 
 @dataclass
-class GRPOConfig(TrustRegionConfig, GroupRelativeConfig):
+class GRPOConfig(GroupRelativeConfig, TrustRegionConfig):
     name: str = "grpo"
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2  # DAPO uses 0.28

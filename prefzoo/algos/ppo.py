@@ -2,7 +2,7 @@
 
 One step (Ziegler et al. 2019, sec. 2.2; Ouyang et al. 2022, sec. 3.5 and eq. 2; Stiennon et al. 2020):
 
-1. ScoredSamples: for each prompt x sample ``num_samples`` completions y ~ pi_old (the current policy).
+1. Sample: for each prompt x sample ``num_samples`` completions y ~ pi_old (the current policy).
 2. Score: r(x, y) from the reward source (a program, VADER, or a learned reward model).
 3. Without gradients: old log-probs log pi_old(y_t), reference log-probs log pi_ref(y_t), old values V_old(s_t)
    (s_t = prompt + y_<t, the state before token t).
@@ -50,15 +50,14 @@ Departures and choices:
 * The reference is always available (with LoRA it is free): the KL is measured even when beta = 0.
 * Log-probs are recomputed with the sampling temperature, as the sampler drew them.
 
-Metrics (per step; the KL and clip names are those of every online plugin): ``reward`` (mean r(x, y) from the
-reward source), ``non_score_reward`` (mean over sequences
-of the summed KL penalty -beta sum_t k(rho_t), the KL part of the reward), ``reward_total`` (sum of all
-per-token rewards incl. penalties), ``kl`` / ``kl_k3`` (k1 / k3 estimates of KL(pi_old||pi_ref) summed over
-tokens, nats per sequence), ``beta`` (after the controller's update), ``entropy`` (mean per-token entropy of
-pi_old over the completion tokens, nats), ``policy_loss``, ``value_loss``, ``clip_fraction`` (tokens
-where the clipped surrogate was active), ``value_clip_fraction``, ``ratio_mean``, ``approx_kl`` (k3 estimate of
-KL(pi_old||pi_theta) per token, from samples of pi_old), ``explained_variance`` (1 - Var[R - V_old] / Var[R]
-over valid tokens), ``completion_length`` (tokens, EOS included), ``frac_truncated`` (no EOS).
+Metrics (per step; the KL and clip names are those of every online plugin): ``reward`` (mean r(x, y) from the reward
+source), ``non_score_reward`` (mean over sequences of the summed KL penalty -beta sum_t k(rho_t), the KL part of the
+reward), ``reward_total`` (sum of all per-token rewards incl. penalties), ``kl`` / ``kl_k3`` (k1 / k3 estimates of
+KL(pi_old||pi_ref) summed over tokens, nats per sequence), ``beta`` (after the controller's update), ``entropy`` (mean
+per-token entropy of pi_old over the completion tokens, nats), ``policy_loss``, ``value_loss``, ``clip_fraction``
+(tokens where the clipped surrogate was active), ``value_clip_fraction``, ``ratio_mean``, ``approx_kl`` (k3 estimate of
+KL(pi_old||pi_theta) per token, from samples of pi_old), ``explained_variance`` (1 - Var[R - V_old] / Var[R] over valid
+tokens), ``completion_length`` (tokens, EOS included), ``frac_truncated`` (no EOS).
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ from prefzoo.algos.base import AlgoConfig, Algorithm, Declaration
 from prefzoo.algos.online import add_kl_loss
 from prefzoo.algos.online_sampling import (bypass_logps, corrected_advantages, drift_metrics, engine_correction,
                                            place_rewards, sample_metrics)
-from prefzoo.algos.online_settings import check_adaptive_start
+from prefzoo.algos.online_settings import check_adaptive_start, check_range
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
                                kl_penalty_rewards, masked_mean, masked_sum, masked_whiten, ratio_statistics)
@@ -110,18 +109,10 @@ class PPO(Algorithm):
 
     @staticmethod
     def validate_settings(cfg: PPOConfig, objective: ObjectiveSettings) -> None:
-        for key in ("num_samples", "epochs", "num_minibatches"):
-            if getattr(cfg, key) < 1:
-                raise ConfigError(f"algo.{key}={getattr(cfg, key)} must be >= 1.")
-        for key in ("gae_gamma", "gae_lambda"):
-            if not 0 <= getattr(cfg, key) <= 1:
-                raise ConfigError(f"algo.{key}={getattr(cfg, key)} must be in [0, 1].")
-        for key in ("clip_eps_low", "clip_eps_high"):
-            if not 0 < getattr(cfg, key) < 1:
-                raise ConfigError(f"algo.{key}={getattr(cfg, key)} must be in (0, 1), e.g. 0.2.")
-        for key in ("value_clip_eps", "vf_coef", "entropy_coef"):
-            if getattr(cfg, key) < 0:
-                raise ConfigError(f"algo.{key}={getattr(cfg, key)} must be >= 0.")
+        check_range(cfg, ("num_samples", "epochs", "num_minibatches"), lambda v: v >= 1, ">= 1")
+        check_range(cfg, ("gae_gamma", "gae_lambda"), lambda v: 0 <= v <= 1, "in [0, 1]")
+        check_range(cfg, ("clip_eps_low", "clip_eps_high"), lambda v: 0 < v < 1, "in (0, 1), e.g. 0.2")
+        check_range(cfg, ("value_clip_eps", "vf_coef", "entropy_coef"), lambda v: v >= 0, ">= 0")
         if cfg.value_adapter not in ("separate", "shared"):
             raise ConfigError(f"algo.value_adapter={cfg.value_adapter!r}; choose separate or shared.")
         check_adaptive_start(objective)
@@ -172,13 +163,10 @@ class PPO(Algorithm):
 
         metrics = dict(sample_metrics(samples, scores, t1 - t0), **drift_metrics(old_logps, ref_logps, mask))
         metrics.update({
-            "non_score_reward": kl_rewards.sum(-1).mean().item(),
-            "reward_total": token_rewards.sum(-1).mean().item(),
-            "entropy": masked_mean(entropy, mask).item(),
+            "non_score_reward": kl_rewards.sum(-1).mean().item(), "reward_total": token_rewards.sum(-1).mean().item(),
+            "entropy": masked_mean(entropy, mask).item(), "values_mean": masked_mean(old_values, mask).item(),
             "explained_variance": explained_variance(old_values, returns, mask),
-            "values_mean": masked_mean(old_values, mask).item(), "returns_mean": masked_mean(returns, mask).item(),
-            "time/scoring": t2 - t1, "time/old_ref_values": t3 - t2,
-        })
+            "returns_mean": masked_mean(returns, mask).item(), "time/scoring": t2 - t1, "time/old_ref_values": t3 - t2})
         if c.entropy_coef:
             metrics["entropy_bonus"] = bonus.sum(-1).mean().item()
         metrics.update(engine_metrics)

@@ -43,7 +43,7 @@ from torch import Tensor
 from prefzoo.algos import register
 from prefzoo.algos.online import OnlinePolicyGradient
 from prefzoo.algos.online_sampling import ScoredSamples, place_rewards
-from prefzoo.algos.online_settings import (OnlineConfig, check_dynamic_sampling, check_online_settings,
+from prefzoo.algos.online_settings import (check_dynamic_sampling, check_online_settings,
                                            check_policy_clip, online_declaration)
 from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
 from prefzoo.errors import ConfigError
@@ -54,7 +54,7 @@ BASELINES = ("none", "group")
 
 
 @dataclass
-class ReinforcePPConfig(TrustRegionConfig, OnlineConfig):
+class ReinforcePPConfig(TrustRegionConfig):
     name: str = "reinforce_pp"
     default_beta: float = 0.01  # OpenRLHF's init_kl_coef
     num_samples: int = 4  # completions per prompt

@@ -51,7 +51,7 @@ from torch import Tensor
 from prefzoo.algos import register
 from prefzoo.algos.online import OnlinePolicyGradient
 from prefzoo.algos.online_sampling import ScoredSamples
-from prefzoo.algos.online_settings import OnlineConfig, check_online_settings, check_policy_clip
+from prefzoo.algos.online_settings import check_online_settings, check_policy_clip
 from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (TRUST_REGION_LOSSES, leave_one_out_advantages, masked_sum,
@@ -62,7 +62,7 @@ POLICY_LOSSES = ("reinforce", "clipped", "clipped_sequence", *TRUST_REGION_LOSSE
 
 
 @dataclass
-class RLOOConfig(TrustRegionConfig, OnlineConfig):
+class RLOOConfig(TrustRegionConfig):
     name: str = "rloo"
     default_beta: float = 0.05  # TRL's RLOOConfig kl_coef
     num_samples: int = 4  # k, completions per prompt

@@ -1,5 +1,5 @@
 """The surrogates a member with PPO's per-token clip can use instead (``algo.policy_loss``: GRPO, RLOO, REINFORCE++,
-distillation's teacher reward): their settings, their checks, and the table that picks the per-token loss
+the teacher's log-ratio reward): their settings, their checks, and the table that picks the per-token loss
 (:func:`trust_region_token_loss`); :class:`TokenLoss` is what a member's ``token_loss`` returns."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from prefzoo.algos.online_settings import OnlineConfig
 from prefzoo.errors import ConfigError
 from prefzoo.objective import TRUST_REGION_LOSSES, clipped_surrogate_loss, dppo_loss, dro_loss, masked_sum, sapo_loss
 from prefzoo.types import Experience
@@ -40,10 +41,12 @@ DPPO_DELTA = {"dppo_tv": 0.15, "dppo_kl": 0.05}
 
 
 @dataclass
-class TrustRegionConfig:
-    """The settings of the surrogates a member with PPO's per-token clip can use instead (``algo.policy_loss``:
-    GRPO, RLOO, REINFORCE++), :func:`trust_region_token_loss`. Mixed into the member's config as its FIRST base, so
-    that its fields come after the algorithm's own (``name`` first) in the saved config.
+class TrustRegionConfig(OnlineConfig):
+    """The family's config with the settings of the surrogates a member with PPO's per-token clip can use instead
+    (``algo.policy_loss``: GRPO, RLOO, REINFORCE++, ``algo=teacher_reward``), :func:`trust_region_token_loss`. A
+    subclass of :class:`~prefzoo.algos.online_settings.OnlineConfig`, so a member that also has GRPO's advantages is an
+    ordinary diamond, ``GRPOConfig(GroupRelativeConfig, TrustRegionConfig)``: the shared fields come first in the saved
+    config (``name`` first), and the left base's defaults win, as Python's attribute lookup would have it.
 
     Attributes:
         dppo_delta: DPPO's divergence threshold (both signs); None: :data:`DPPO_DELTA` of the chosen divergence.

@@ -235,8 +235,7 @@ class Evaluator:
         preference accuracy. Seeded (``seed``), so the same policy gives the same samples before and after
         training; this is the part :mod:`prefzoo.training.baseline` reuses for the starting policy."""
         gen = torch.Generator(device=self.policy.device).manual_seed(self.seed)
-        saved, self.policy.generator = self.policy.generator, gen  # the same samples before and after training
-        try:
+        with self.policy.seeded(gen):  # the same samples before and after training
             out = {}
             if self.prompts is not None and len(self.prompts):
                 out.update(self.task_metrics())
@@ -244,8 +243,6 @@ class Evaluator:
                 if self.num_samples > 1 and self.correctness_fn is not None and "correctness" not in self._unusable:
                     out.update(self.pass_at_k())
             return out
-        finally:
-            self.policy.generator = saved
 
     def pair_metrics(self) -> dict:
         """The held-out preference accuracy (the plugin's implicit rewards on held-out pairs), or {} without them."""

@@ -266,7 +266,7 @@ def packed_states(body: nn.Module, batch: SequenceBatch, share_prompts: bool = T
     """Final hidden states predicting each counted completion token, from one packed pass of ``body``.
 
     Shape: (n, d), in the order of ``batch.completion_mask``'s True entries -- what
-    ``completion_hidden(body, batch)[batch.completion_mask]`` gives padded. None when ``body`` cannot pack
+    ``prefzoo.models.body.completion_hidden(body, batch)[batch.completion_mask]`` gives padded. None when ``body`` cannot pack
     (:func:`packing_mode`) or the batch has no packed layout (:func:`pack_batch`): the caller runs padded.
     """
     mode = packing_mode(body)

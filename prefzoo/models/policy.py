@@ -31,7 +31,7 @@ the padded ones up to float rounding (``tests/perf/test_packing.py``).
 
 The reference pass runs under ``torch.inference_mode`` (no autograd bookkeeping at all), in the same layout.
 Sampling goes through the policy's rollout engine (:mod:`prefzoo.rollout.engine`): prefzoo's decode loop by default,
-on a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`) when ``merged_rollout``; or vLLM.
+on a merged-weights copy of a LoRA policy (:mod:`prefzoo.models.merged`, ``model.fast.merged_rollout``); or vLLM.
 ``compute_dtype`` (e.g. ``torch.bfloat16``) runs the forwards under CPU/GPU autocast; with bf16 base weights
 (``model.dtype=bfloat16``) the forwards run in bf16 as they are. Either way log-probs stay float32
 (:mod:`prefzoo.models.precision`).
@@ -50,10 +50,11 @@ from torch import Tensor, nn
 
 from prefzoo.types import PromptBatch, RolloutEngine, SamplingParams, SequenceBatch
 from prefzoo.errors import ModelError
+from prefzoo.models.body import body_and_head, completion_hidden, logits_are_head_of_body
 from prefzoo.models.reference import Reference
 from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
 from prefzoo.objective import TokenLogits, linear_token_logps, support_log_mass, token_entropy, token_logps
-from prefzoo.models.forward import KV_CACHE_ARGUMENT, position_ids_from_mask
+from prefzoo.rollout.forward import position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
@@ -81,67 +82,6 @@ def packed_completion_logits(model, batch: SequenceBatch, mode: str | None, shar
     if packed is None:
         return None
     return model(**packed_forward_kwargs(packed, mode), logits_to_keep=packed.source).logits[0]
-
-
-def body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
-    """(transformer body, output layer) of a causal LM (peft-wrapped or not), or None if it has no plain ones."""
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
-    body = getattr(hf, "base_model", None)
-    get_head = getattr(hf, "get_output_embeddings", None)
-    head = get_head() if get_head is not None else None
-    if body is None or body is hf or type(head) is not nn.Linear:
-        return None
-    return body, head
-
-
-def unique_prompts(batch: SequenceBatch) -> tuple[Tensor, Tensor] | None:
-    """(first row of each distinct prompt, Shape (U,); which of them each row has, Shape (B,)), or None when
-    every row's prompt (ids and mask) is distinct."""
-    key = torch.cat([batch.prompt_ids, batch.prompt_mask.long()], dim=1)
-    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if uniq.shape[0] == key.shape[0]:
-        return None
-    first = torch.full((uniq.shape[0],), key.shape[0], dtype=torch.long, device=key.device)
-    first.scatter_reduce_(0, inverse, torch.arange(key.shape[0], device=key.device), reduce="amin")
-    return first, inverse
-
-
-def completion_hidden(body: nn.Module, batch: SequenceBatch, share_prompts: bool = True) -> Tensor:
-    """Final hidden states at the positions that predict each completion token. Shape (B, C, d).
-
-    With ``share_prompts`` and rows that share a prompt, each distinct prompt runs through ``body`` once with a
-    KV cache that is then indexed out to its rows (see the module docstring); else one pass over the rows.
-
-    Raises:
-        ModelError: a row layout with no prompt column (the first completion token has no predicting position).
-    """
-    p, c = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
-    if p == 0:
-        raise ModelError("log-probs need at least one prompt column: the first completion token is predicted by "
-                         "the position before it (give each row a prompt, e.g. the chat template's header).")
-    # HF gradient checkpointing drops the KV cache in training mode: no prompt sharing then
-    checkpointing = bool(getattr(body, "is_gradient_checkpointing", False)) and body.training
-    groups = unique_prompts(batch) if share_prompts and c > 1 and not checkpointing else None
-    if groups is None:
-        input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-        mask = batch.attention_mask()
-        out = body(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids_from_mask(mask),
-                   use_cache=False)
-        return out.last_hidden_state[:, p - 1:p + c - 1]
-    first, inverse = groups
-    u_ids, u_mask = batch.prompt_ids[first], batch.prompt_mask[first]
-    out = body(input_ids=u_ids, attention_mask=u_mask.long(), position_ids=position_ids_from_mask(u_mask),
-               use_cache=True)
-    cache = getattr(out, KV_CACHE_ARGUMENT)
-    if cache is None or cache.get_seq_length() != p:
-        raise ModelError(f"{type(body).__name__} returned no KV cache of the prompts; run with share_prompts=False.")
-    cache.batch_select_indices(inverse)
-    mask = batch.attention_mask().long()
-    # positions of the completion columns: real tokens before them (a padding column repeats its neighbour's, never read)
-    positions = position_ids_from_mask(mask)[:, p:p + c - 1]
-    rest = body(input_ids=batch.completion_ids[:, :c - 1], attention_mask=mask[:, :p + c - 1], position_ids=positions,
-                use_cache=True, **{KV_CACHE_ARGUMENT: cache})
-    return torch.cat([out.last_hidden_state[inverse, -1:], rest.last_hidden_state], dim=1)
 
 
 @contextlib.contextmanager
@@ -234,7 +174,7 @@ class CausalLMPolicy:
             return None
         key = id(module)
         if key not in self._fused_ok:
-            self._fused_ok[key] = _logits_are_head_of_body(module, *parts)
+            self._fused_ok[key] = logits_are_head_of_body(module, *parts)
             if not self._fused_ok[key]:
                 log.warning("%s: its logits are not the output layer applied to the last hidden state (e.g. logit "
                             "soft-capping); using the plain log-prob path.", type(module).__name__)
@@ -462,6 +402,18 @@ class CausalLMPolicy:
             raise ModelError("this policy has no value head to save: the algorithm declared none.")
         return self.value_model.save_pretrained(Path(folder), extra=extra)
 
+    @contextlib.contextmanager
+    def seeded(self, generator: torch.Generator):
+        """Inside the block, :meth:`sample` draws from ``generator`` (for prompts without rollout seeds); the
+        policy's own generator is back afterwards, however the block ends. The evaluator uses it so that the same
+        policy gives the same samples before and after training without touching the training run's random
+        stream."""
+        saved, self.generator = self.generator, generator
+        try:
+            yield self
+        finally:
+            self.generator = saved
+
     @torch.no_grad()
     def sample(self, prompts: PromptBatch, num_samples: int, params: SamplingParams) -> SequenceBatch:
         """``num_samples`` completions per prompt from the current policy, drawn by its engine (``self.engine``,
@@ -477,21 +429,3 @@ class CausalLMPolicy:
         with self.autocast():
             return self.engine.sample(self.model, prompts, num_samples, params, eos_token_ids=self.eos_token_ids,
                                       pad_id=self.pad_id, generator=self.generator)
-
-
-@torch.no_grad()
-def _logits_are_head_of_body(model: nn.Module, body: nn.Module, head: nn.Linear) -> bool:
-    """Whether ``model``'s logits equal ``head(body(...).last_hidden_state)`` on a short input (in eval mode)."""
-    was_training = model.training
-    model.eval()
-    try:
-        vocab = head.weight.shape[0]
-        ids = (torch.arange(2, 7, device=head.weight.device) * 7919 % vocab)[None]
-        want = model(input_ids=ids, use_cache=False).logits.float()
-        got = head(body(input_ids=ids, use_cache=False).last_hidden_state).float()
-    except Exception as err:  # noqa: BLE001 - any failure means: use the plain path
-        log.debug("fused log-prob check failed: %s", err)
-        return False
-    finally:
-        model.train(was_training)
-    return want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-3, atol=1e-3 * float(want.abs().max())))

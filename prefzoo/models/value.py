@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from prefzoo.types import SequenceBatch, ValueHeadSpec
 from prefzoo.errors import ConfigError, ModelError
 from prefzoo.models.packing import packed_states
-from prefzoo.models.forward import position_ids_from_mask
+from prefzoo.rollout.forward import position_ids_from_mask
 
 VALUE_ADAPTER = "value"
 VALUE_ADAPTERS = ("separate", "shared")

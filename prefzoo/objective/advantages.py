@@ -35,6 +35,25 @@ ADVANTAGE_SCALES = ("group", "batch", "none", "mean")
 _EQUAL_ULPS = 8
 
 
+def _check_group_rewards(rewards: torch.Tensor, num_samples: int, scale: str, eps: float) -> float:
+    """:func:`group_advantages`'s argument checks (its Raises); returns ``eps`` as a float."""
+    check_ndim("rewards", rewards, 1, "(B,) — one reward per completion")
+    if not rewards.is_floating_point():
+        raise ObjectiveError(f"rewards must be floating point, got {rewards.dtype}; use .float()")
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
+        raise ObjectiveError(f"num_samples must be a positive int, got {num_samples!r}")
+    check_choice("scale", scale, ADVANTAGE_SCALES)
+    eps = check_number("eps", eps, low=0.0)
+    if rewards.shape[0] % num_samples != 0:
+        raise ObjectiveError(
+            f"the batch has {rewards.shape[0]} rewards, which is not a multiple of num_samples={num_samples}; "
+            "rewards must hold num_prompts * num_samples entries, grouped consecutively"
+        )
+    if not bool(torch.isfinite(rewards).all()):
+        raise ObjectiveError("rewards contain NaN or inf; check the reward function")
+    return eps
+
+
 def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
                      eps: float,
                      all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
@@ -85,22 +104,7 @@ def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
     "Understanding R1-Zero-Like Training: A Critical Perspective" (Dr. GRPO: no std division);
     Maximum Likelihood Reinforcement Learning (MaxRL, 2026) for scale="mean", as prime-rl and SkyRL ship it.
     """
-    check_ndim("rewards", rewards, 1, "(B,) — one reward per completion")
-    if not rewards.is_floating_point():
-        raise ObjectiveError(f"rewards must be floating point, got {rewards.dtype}; use .float()")
-    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
-        raise ObjectiveError(f"num_samples must be a positive int, got {num_samples!r}")
-    check_choice("scale", scale, ADVANTAGE_SCALES)
-    eps = check_number("eps", eps, low=0.0)
-    n = rewards.shape[0]
-    if n % num_samples != 0:
-        raise ObjectiveError(
-            f"the batch has {n} rewards, which is not a multiple of num_samples={num_samples}; "
-            "rewards must hold num_prompts * num_samples entries, grouped consecutively"
-        )
-    if not bool(torch.isfinite(rewards).all()):
-        raise ObjectiveError("rewards contain NaN or inf; check the reward function")
-
+    eps = _check_group_rewards(rewards, num_samples, scale, eps)
     r = rewards.detach().double().view(-1, num_samples)
     centred = r - r.mean(dim=1, keepdim=True)
     magnitude = r.abs().amax(dim=1, keepdim=True)

@@ -24,7 +24,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from prefzoo.models.forward import KV_CACHE_ARGUMENT, position_ids_from_mask
+from prefzoo.rollout.forward import KV_CACHE_ARGUMENT, position_ids_from_mask
 from prefzoo.objective import support_mask
 from prefzoo.rollout.kv_cache import PreallocatedKV, can_preallocate, mask_format
 from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch

@@ -87,21 +87,25 @@ def _settings(node) -> str:
     return ", ".join(f"`{k}={v}`" for k, v in shown.items()) or "none"
 
 
+def _base_model(m, seed: int) -> tuple[str, str | None]:
+    """(the card's sentence on the base model, its hub id or None) for the model group ``m``."""
+    hub_id, how = BASES.get(m.name, (None, None))
+    if m.name == "tiny":
+        return (f"prefzoo's tiny random Llama (`model=tiny`: hidden size {m.tiny_hidden_size}, {m.tiny_layers} layers, "
+                f"initialised from seed {seed}, SmolLM2's tokenizer), no hub model: `prefzoo.load_policy` rebuilds "
+                "it exactly"), None
+    if hub_id:
+        return f"[{hub_id}](https://huggingface.co/{hub_id}) (`model={m.name}`): {how}", hub_id
+    if Path(m.name).exists():
+        return f"`{m.name}` (a local folder)", None
+    return f"[{m.name}](https://huggingface.co/{m.name})", m.name
+
+
 def model_card(cfg, run_dir: Path, weights: Path, summary: dict) -> str:
     """The card's text (see the module docstring)."""
     m, t, o, d, r = cfg.model, cfg.trainer, cfg.objective, cfg.data, cfg.reward
     algo = summary["algo"]
-    hub_id, how = BASES.get(m.name, (None, None))
-    if m.name == "tiny":
-        base = (f"prefzoo's tiny random Llama (`model=tiny`: hidden size {m.tiny_hidden_size}, {m.tiny_layers} layers, "
-                f"initialised from seed {t.seed}, SmolLM2's tokenizer), no hub model: `prefzoo.load_policy` rebuilds "
-                "it exactly")
-    elif hub_id:
-        base = f"[{hub_id}](https://huggingface.co/{hub_id}) (`model={m.name}`): {how}"
-    else:
-        local = Path(m.name).exists()
-        hub_id = None if local else m.name
-        base = f"`{m.name}` (a local folder)" if local else f"[{m.name}](https://huggingface.co/{m.name})"
+    base, hub_id = _base_model(m, t.seed)
     lora = m.lora
     kind = "LoRA adapter (peft)" if weights.name == ADAPTER_DIR else "fully fine-tuned model"
     tags = ["prefzoo", algo, "lora" if weights.name == ADAPTER_DIR else "full-fine-tuning", "transformers",

@@ -1,6 +1,6 @@
 """How prefzoo calls a causal LM incrementally: the positions of left-padded rows and the name of the KV-cache argument.
-Shared by the policy's log-prob passes (:mod:`prefzoo.models.policy`, :mod:`prefzoo.models.value`) and the decode loop
-(:mod:`prefzoo.rollout.generate`)."""
+The decode loop's (:mod:`prefzoo.rollout.generate`), and the policy's log-prob passes use them too
+(:mod:`prefzoo.models.policy`, :mod:`prefzoo.models.value`: the models room sits above the rollout room)."""
 
 from __future__ import annotations
 
