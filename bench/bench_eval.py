@@ -75,15 +75,15 @@ def main() -> int:
     timed(ev.policy, "logps", "policy log-probs + entropy")
     timed(ev.policy, "ref_logps", "reference log-probs")
     timed(ev, "_try_score", "scoring (proxy + gold)")
-    ev.policy.generator = torch.Generator().manual_seed(0)
     rows = {}
-    for name in ("task_metrics", "sampled_metrics", "pass_at_k"):
-        parts.clear()
-        t = time.perf_counter()
-        out = getattr(ev, name)()
-        rows[name] = {"seconds": time.perf_counter() - t, **parts,
-                      "tokens": out.get("completion_length", 0) * args.prompts * cfg.eval.diversity_samples
-                      if name == "sampled_metrics" else None}
+    with ev.policy.seeded(torch.Generator().manual_seed(0)):
+        for name in ("task_metrics", "sampled_metrics", "pass_at_k"):
+            parts.clear()
+            t = time.perf_counter()
+            out = getattr(ev, name)()
+            rows[name] = {"seconds": time.perf_counter() - t, **parts,
+                          "tokens": out.get("completion_length", 0) * args.prompts * cfg.eval.diversity_samples
+                          if name == "sampled_metrics" else None}
     total = sum(r["seconds"] for r in rows.values())
     print(f"# one evaluation point: {args.prompts} greedy answers, {args.prompts} x {cfg.eval.diversity_samples} "
           f"samples, pass@4 on {cfg.eval.pass_k_problems}; {'before (plain passes)' if args.plain else 'after'}; "

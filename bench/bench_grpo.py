@@ -32,7 +32,8 @@ def bench(beta: float, args) -> dict:
     from prefzoo.config import resolve_objective
     from prefzoo.models.loading import load_tokenizer
     from prefzoo.training.scoring import TextScorer
-    from prefzoo.training.setup import build_policy, build_reward, task_prompts
+    from prefzoo.training.build import build_policy
+    from prefzoo.training.setup import build_reward, task_prompts
     from prefzoo.training.step import accumulate_gradients
 
     cfg = compose(["algo=grpo", f"model={args.model}", f"objective.beta={beta}", f"algo.num_samples={args.generations}",

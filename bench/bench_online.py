@@ -18,7 +18,7 @@ which win over the bench's own (e.g. ``ppo:algo.epochs=1``). PPO is measured on 
 ``--samples`` rows, one value adapter, its own 4 epochs by default) for issue 15's "PPO step <= 2.5x GRPO's".
 Online DPO samples 2 per prompt whatever ``--samples`` says, so its same rollout is
 ``online_dpo:trainer.batch_size=4`` (4 x 2 rows against 2 x 4; its generated tokens are counted as such).
-Distillation (``distill``: the JSD over the whole vocabulary; ``distill:algo.loss_type=teacher_reward``: the teacher's
+Distillation (``distill``: the JSD over the whole vocabulary; ``teacher_reward``: the teacher's
 log-prob of the sampled tokens as a reward) distils from ``--model`` itself unless the entry gives ``algo.teacher``:
 the teacher is a second, frozen copy of the model (its cost is what is measured, not what it teaches).
 """
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import compose, peak_rss_gb  # noqa: E402
 
-ALGOS = ("grpo", "rloo", "reinforce_pp", "gspo", "cispo", "online_dpo", "distill", "distill:algo.loss_type=teacher_reward")
+ALGOS = ("grpo", "rloo", "reinforce_pp", "gspo", "cispo", "online_dpo", "distill", "teacher_reward")
 
 
 def one(args) -> dict:

@@ -90,7 +90,7 @@ def worker(dist: str, layout: str, args) -> dict:
     from prefzoo.config import resolve_objective
     from prefzoo.data.preference import collate_preferences
     from prefzoo.models.loading import load_tokenizer
-    from prefzoo.training.setup import build_policy
+    from prefzoo.training.build import build_policy
     from prefzoo.training.step import accumulate_gradients
 
     cfg = compose(["algo=dpo", f"model={args.model}", f"model.fast.padding_free={layout == 'packed'}"])

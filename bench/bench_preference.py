@@ -60,7 +60,7 @@ def bench(entry: str, args) -> dict:
     from prefzoo.data.preference import collate_preferences
     from prefzoo.data.unpaired import collate_unpaired, split_pairs
     from prefzoo.models.loading import load_tokenizer
-    from prefzoo.training.setup import build_policy
+    from prefzoo.training.build import build_policy
     from prefzoo.training.step import accumulate_gradients
 
     algo_name, extra = entry_overrides(entry)

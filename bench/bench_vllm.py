@@ -63,7 +63,8 @@ def bench(args) -> dict:
     from prefzoo.config import resolve_objective
     from prefzoo.models.loading import load_tokenizer
     from prefzoo.training.scoring import TextScorer
-    from prefzoo.training.setup import build_policy, build_reward, task_prompts
+    from prefzoo.training.build import build_policy
+    from prefzoo.training.setup import build_reward, task_prompts
     from prefzoo.training.step import accumulate_gradients
     from prefzoo.types import ROLLOUT_SEED_COLUMN, SamplingParams
 

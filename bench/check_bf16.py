@@ -48,7 +48,7 @@ def build(algo_name: str, mode: str, args):
     from prefzoo.algos import get_algorithm
     from prefzoo.config import resolve_objective
     from prefzoo.models.loading import load_tokenizer
-    from prefzoo.training.setup import build_policy
+    from prefzoo.training.build import build_policy
     from prefzoo.types import SamplingParams
 
     overrides = [f"algo={algo_name}", f"model={args.model}", "model.lora.r=16", "model.lora.alpha=32",
@@ -112,10 +112,10 @@ def one_step(algo_name: str, mode: str, args):
         pol.append((out[0], rows))
         return out
 
-    def loss(policy_, micro):
+    def loss(policy_, micro, step):
         if isinstance(micro, Experience) and micro.ref_logps is not None:
             micro.ref_logps = keep_ref(micro.ref_logps)
-        return loss_of(policy_, micro)
+        return loss_of(policy_, micro, step)
 
     policy.logps, policy.ref_logps, algo.loss = keep_logps, lambda *a, **k: keep_ref(ref_logps(*a, **k)), loss
     t0 = time.perf_counter()

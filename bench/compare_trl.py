@@ -187,7 +187,7 @@ def prefzoo_worker(workload: dict, algo: str, variant: str) -> dict:
     from prefzoo.algos import get_algorithm
     from prefzoo.config import resolve_objective
     from prefzoo.models.loading import load_tokenizer
-    from prefzoo.training.setup import build_policy
+    from prefzoo.training.build import build_policy
     from prefzoo.training.step import accumulate_gradients
 
     torch.manual_seed(0)

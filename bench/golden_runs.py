@@ -45,7 +45,7 @@ CASES: dict[str, tuple[list[str], int]] = {
     **{algo: ([f"algo={algo}", *ONLINE], 1)
        for algo in ("grpo", "ppo", "rloo", "reinforce_pp", "gspo", "cispo", "online_dpo", "bon")},
     "distill": (["algo=distill", "algo.teacher={out}/sft", *ONLINE], 1),
-    "distill_teacher_reward": (["algo=distill", "algo.teacher={out}/sft", "algo.loss_type=teacher_reward", *ONLINE], 1),
+    "distill_teacher_reward": (["algo=teacher_reward", "algo.teacher={out}/sft", *ONLINE], 1),
     "grpo_beta": (["algo=grpo", "objective.beta=0.04", "algo.epochs=2", *ONLINE], 1),
     "env_retry": (["algo=grpo", "env=retry", *ONLINE], 1),
     "env_calculator": (["algo=grpo", "env=calculator", *ONLINE], 1),

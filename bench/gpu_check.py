@@ -4,7 +4,7 @@
     python bench/gpu_check.py --model tiny --cpu --skip-grpo        # a dry run of the script on the CPU
 
 For each precision (fp32 weights; fp32 weights + bf16 autocast; bf16 weights; nf4 4-bit weights + LoRA, i.e.
-QLoRA) it builds the policy exactly as the trainer does (``prefzoo.training.setup.build_policy``) on
+QLoRA) it builds the policy exactly as the trainer does (``prefzoo.training.build.build_policy``) on
 ``cuda``, checks what runs (the 4-bit layers are bitsandbytes ``Linear4bit`` on the GPU, the loss is finite,
 LoRA weights get a non-zero gradient, 4-bit log-probs stay close to the bf16 model's), then times DPO steps
 (4 pairs x max_length 256, as ``bench/bench_preference.py``) and GRPO steps (2 prompts x 4 samples x 64 new
@@ -78,7 +78,7 @@ def build(algo_name: str, model: str, extra: list[str]):
     from prefzoo.algos import get_algorithm
     from prefzoo.config import resolve_objective
     from prefzoo.models.loading import load_tokenizer
-    from prefzoo.training.setup import build_policy
+    from prefzoo.training.build import build_policy
 
     cfg = compose([f"algo={algo_name}", f"model.name={model}", "data.max_length=256", "model.lora.r=16",
                    "model.lora.alpha=32", f"trainer.device={DEVICE.type}"] + extra)

@@ -42,7 +42,7 @@ def one(length: int, pairs: int, steps: int, model: str) -> dict:
     from prefzoo.config import resolve_objective
     from prefzoo.data.preference import PreferenceExample, collate_preferences, prompt_text
     from prefzoo.models.loading import load_tokenizer
-    from prefzoo.training.setup import build_policy
+    from prefzoo.training.build import build_policy
     from prefzoo.training.step import accumulate_gradients
 
     cfg = compose(["algo=dpo", f"model={model}", f"data.max_length={length}", f"data.max_prompt_length={length // 2}", "model.lora.r=16", "model.lora.alpha=32"])

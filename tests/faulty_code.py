@@ -26,7 +26,7 @@ class Impostor(Algorithm):
     def declare(self):
         return Declaration(reference=False, aggregation="example_mean")
 
-    def loss(self, policy, batch):
+    def loss(self, policy, batch, step):
         logps, _ = policy.logps(batch.chosen)
         return LossOutput(-mean_logps(logps, batch.chosen.completion_mask), None, {})
 
@@ -45,7 +45,7 @@ class ExitsInLoss(Algorithm):
     def declare(self):
         return Declaration(reference=False, aggregation="example_mean")
 
-    def loss(self, policy, batch):
+    def loss(self, policy, batch, step):
         type(self).calls += 1
         if type(self).calls >= 2:
             sys.exit(0)

@@ -274,3 +274,62 @@ def test_every_builtin_plugin_declares_its_needs(name):
                   "sampler_correction": "make_experience",  # (it weights its loss by the correction)
                   "f_divergence": "loss"}[capability]  # (its loss's link is the objective's f-divergence)
         assert getattr(type(algo), method) is not getattr(type(algo).__mro__[-2], method)
+
+
+#: the names a plugin or a policy object goes by where it is used (``self.algo``, ``trainer.policy``, ``policy``)
+PLUGIN_OR_POLICY = {"algo", "plugin", "policy"}
+
+
+def attribute_writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, ``obj.attr``) of every assignment to an attribute of an object named like a plugin or a policy
+    (:data:`PLUGIN_OR_POLICY`: ``algo.x = ...``, ``self.policy.engine = ...``, ``setattr(algo, "x", ...)``)."""
+    found = []
+
+    def owner(node) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            return node.attr
+        return None
+
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+              and node.args and owner(node.args[0]) in PLUGIN_OR_POLICY):
+            found.append((node.lineno, f"setattr({owner(node.args[0])}, ...)"))
+        for target in targets:
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(t, ast.Attribute) and owner(t.value) in PLUGIN_OR_POLICY:
+                    found.append((t.lineno, f"{owner(t.value)}.{t.attr}"))
+    return found
+
+
+def writes_into_plugins_or_policies(root: Path = ROOT) -> list[str]:
+    """Every attribute write into a plugin or a policy from library code outside the modules that define them
+    (prefzoo/algos/ and prefzoo/models/policy.py write their own objects' state through ``self``, which this does not
+    report). Tests and benchmarks are outside its scope on purpose: they instrument objects (timers, counters, a
+    fixed end-of-sequence id) the way any test double does; the rule is about the library composing its parts."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for line, what in attribute_writes(ast.parse(path.read_text())):
+            found.append(f"{path.relative_to(root.parent)}:{line} writes {what}")
+    return found
+
+
+def test_nothing_writes_into_a_plugin_or_a_policy():
+    """The loop composes (issue 47): what the loop gives a plugin or a policy is an argument (the step's
+    :class:`~prefzoo.types.StepContext`, the engine stack and the data-parallel forward at construction), never an
+    attribute written into it from outside its module."""
+    assert writes_into_plugins_or_policies() == []
+
+
+def test_the_attribute_write_guard_fires():
+    """The guard itself, on the writes the loop used to make."""
+    code = ("self.algo.all_reduce = f\nalgo.draw_prompts = g\nself.policy.engine, x = e, 1\n"
+            "self.policy.train_forward = m\nsetattr(algo, 'statistics', s)\nengine.step = 3\n")
+    assert [w for _, w in attribute_writes(ast.parse(code))] == [
+        "algo.all_reduce", "algo.draw_prompts", "policy.engine", "policy.train_forward", "setattr(algo, ...)"]

@@ -195,8 +195,8 @@ def _interrupt_after_first_step(run: Path, extra: list[str]) -> subprocess.Popen
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
-        if (run / "checkpoints" / "step-000001" / "trainer_state.pt").is_file():
-            break
+        if any((run / "checkpoints").glob("step-*/trainer_state.pt")):  # (any: older checkpoints are pruned,
+            break  # so step 1's may be gone before a look under load sees it; it then ran to the end: exit 0)
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     return proc
@@ -205,8 +205,8 @@ def _interrupt_after_first_step(run: Path, extra: list[str]) -> subprocess.Popen
 @pytest.mark.parametrize("extra", [[], ["rollout.asynchronous=true"]], ids=["sync", "async"])
 def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path, extra):
     """SIGINT after the first checkpoint: exit 130 and ONE stderr line naming the step reached and the checkpoint
-    ``trainer.resume=true`` continues from; then the resume trains on to step 3. Before: a 151-line (sync) / 69-line
-    (async) KeyboardInterrupt traceback."""
+    ``trainer.resume=true`` continues from; then the resume trains on, two steps past that checkpoint. Before: a
+    151-line (sync) / 69-line (async) KeyboardInterrupt traceback."""
     run = tmp_path / "run"
     proc = _interrupt_after_first_step(run, extra)
     _, stderr = proc.communicate(timeout=120)
@@ -214,9 +214,10 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path, extra):
     lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("[")]
     assert len(lines) == 1 and lines[0].startswith("prefzoo: stopped (Ctrl-C) after "), stderr
     assert "`trainer.resume=true` continues from it" in lines[0] and "step-0000" in lines[0]
-    resumed = train_py([*GRPO, "trainer.max_steps=3", *extra, "trainer.resume=true"], run)
+    reached = max(int(p.parent.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*/trainer_state.pt"))
+    resumed = train_py([*GRPO, f"trainer.max_steps={reached + 2}", *extra, "trainer.resume=true"], run)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    assert json.loads((run / "summary.json").read_text())["steps"] == reached + 2
 
 
 # ---------------------------------------------------------------------------------------- the rollout worker
@@ -491,8 +492,6 @@ IGNORED = [
     (["algo=dpo", "rollout.log_mismatch=true"], "rollout.log_mismatch=true: algo=dpo samples nothing"),
     (["algo=dpo", "rollout.top_k=20"], "rollout.top_k=20: algo=dpo samples nothing while it trains"),
     (["algo=dpo", "rollout.asynchronous=true"], "rollout.asynchronous=true: algo=dpo samples no training batch"),
-    (["algo=distill", "algo.teacher=tiny", "algo.loss_type=teacher_reward", "algo.jsd_beta=0.5"],
-     "algo.jsd_beta=0.5 is the jsd loss's"),
     (["algo=grpo", "reward.overlong_penalty=2.0"], "reward.overlong_penalty=2.0 applies over reward.overlong_buffer"),
     (["algo=grpo", "algo.dppo_delta=0.2"], "algo.dppo_delta / algo.dppo_ratio_cap are DPPO's"),
     (["algo=dpo", "trainer.max_steps=3", "eval.steps=[2,5]"], "eval.steps=[2, 5] lists steps past trainer.max_steps=3"),

@@ -33,7 +33,7 @@ class ChosenNLL(Algorithm):
     def declare(self):
         return Declaration(reference=False, aggregation="example_mean", progress_keys=("loss", "nll"))
 
-    def loss(self, policy, batch):
+    def loss(self, policy, batch, step):
         logps, _ = policy.logps(batch.chosen)
         mask = batch.chosen.completion_mask
         score = mean_logps(logps, mask) if self.cfg.length_normalise else sequence_logps(logps, mask)

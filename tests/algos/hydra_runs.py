@@ -37,4 +37,4 @@ LETTER_REWARD = 'reward.functions=["tests.algos.hydra_runs:letter_share"]'
 
 #: the settings a built-in plugin cannot default (distillation's teacher), for tests that build every plugin with its
 #: other defaults
-REQUIRED_SETTINGS = {"distill": {"teacher": "smollm2"}}
+REQUIRED_SETTINGS = {"distill": {"teacher": "smollm2"}, "teacher_reward": {"teacher": "smollm2"}}

@@ -128,7 +128,7 @@ def test_unknown_name_lists_builtins_and_custom():
 def test_a_class_that_breaks_the_contract_is_refused(monkeypatch, tmp_path):
     (tmp_path / "broken_algos.py").write_text(
         "from prefzoo.algos import Algorithm\nclass NoDeclare(Algorithm):\n    name = 'x'\n"
-        "    def loss(self, policy, batch):\n        return None\n")
+        "    def loss(self, policy, batch, step):\n        return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(PluginError, match="must implement declare"):
         load_target("broken_algos:NoDeclare")

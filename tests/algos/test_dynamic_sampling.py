@@ -10,6 +10,7 @@ import torch
 from prefzoo.errors import ConfigError
 from prefzoo.lab.runner import build_algorithm
 from prefzoo.lab.tabular import TableScorer, TabularPolicy, prompt_batch
+from prefzoo.types import StepContext
 
 REWARDS = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
 G = 4
@@ -25,8 +26,8 @@ def _run(draw_rows, max_extra_draws=3, first=(0, 0, 1, 1), seed=0):
         drawn.append(round)
         return prompt_batch(torch.tensor(draw_rows))
 
-    algo.draw_prompts = draw
-    batch, metrics = algo.make_experience(policy, prompt_batch(torch.tensor(first)), TableScorer(REWARDS))
+    batch, metrics = algo.make_experience(policy, prompt_batch(torch.tensor(first)), TableScorer(REWARDS),
+                                          StepContext(draw_prompts=draw))
     return batch, metrics, drawn
 
 

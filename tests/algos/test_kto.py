@@ -31,7 +31,7 @@ from prefzoo.data.unpaired import UnpairedExample, collate_unpaired
 from prefzoo.errors import PluginError
 from prefzoo.objective import kto_loss
 from prefzoo.training.step import accumulate_gradients, mean_metrics, step_statistics
-from prefzoo.types import ObjectiveSettings, SequenceBatch
+from prefzoo.types import ObjectiveSettings, SequenceBatch, StepContext
 from tests import background
 from tests.models.helpers import one_thread_fixture
 
@@ -92,8 +92,8 @@ def kto(beta=0.1, desirable_weight=1.0, undesirable_weight=1.0) -> KTO:
 
 
 def losses_of(algo: KTO, policy, batch, micro_batch_size=None):
-    algo.statistics = step_statistics(algo, policy, batch, micro_batch_size or len(batch))
-    return algo.loss(policy, batch)
+    statistics = step_statistics(algo, policy, batch, micro_batch_size or len(batch))
+    return algo.loss(policy, batch, StepContext(statistics=statistics))
 
 
 def test_defaults_and_declaration():

@@ -22,7 +22,7 @@ import torch
 
 from prefzoo.algos.reinforce_pp import ReinforcePP, ReinforcePPConfig
 from prefzoo.errors import ConfigError
-from prefzoo.types import ObjectiveSettings, PromptBatch, SequenceBatch
+from prefzoo.types import ObjectiveSettings, PromptBatch, SequenceBatch, StepContext
 from tests.algos.hydra_runs import LETTER_REWARD, TINY_RUN, compose
 from tests.algos.test_ppo import PROMPTS, SCORES, ScriptedPolicy, token_mean
 from tests.models.helpers import one_thread_fixture
@@ -97,7 +97,6 @@ def test_the_normalisation_is_global_under_data_parallelism():
         mean = float((calls[0][0] + other.sum()) / (calls[0][1] + 2))
         return t + ((other - mean) ** 2).sum().reshape(1)
 
-    algo.all_reduce = all_reduce
 
     class RowZero(ScriptedPolicy):
         def __init__(self):
@@ -109,7 +108,7 @@ def test_the_normalisation_is_global_under_data_parallelism():
                                  self.mask.clone(), torch.zeros(1, dtype=torch.long), torch.tensor([False]))
 
     one = PromptBatch(torch.ones(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool), {})
-    exp, _ = algo.make_experience(RowZero(), one, lambda s, p: torch.tensor([1.0]))
+    exp, _ = algo.make_experience(RowZero(), one, lambda s, p: torch.tensor([1.0]), StepContext(all_reduce=all_reduce))
     want = torch.tensor(whitened([0.96, 1.01, 0.99, -0.6, -0.5])[:3], dtype=torch.float64)
     torch.testing.assert_close(exp.advantages[0, :3].double(), want, rtol=0, atol=1e-6)
     assert len(calls) == 2

@@ -178,3 +178,23 @@ def test_float32_model_agrees_to_float32_precision():
              + U32 * float(padded.abs().max()))
     for i, (p, c) in enumerate(zip(PROMPTS, COMPLETIONS)):
         torch.testing.assert_close(padded[i, : len(c)], plain_logps(model, p, c), rtol=0, atol=bound)
+
+
+def test_seeded_samples_from_the_given_generator_and_restores_the_policy_s_own(model):
+    """``policy.seeded(g)``: inside, the samples are those of ``g`` (two policies seeded alike draw the same); after,
+    even when the block raises, the policy's own generator is back and its stream untouched."""
+    from prefzoo.rollout.engine import HFEngine
+    from prefzoo.types import SamplingParams
+    from tests.models.helpers import prompt_batch
+
+    own = torch.Generator().manual_seed(1)
+    policy = CausalLMPolicy(model, tokenizer(), engine=HFEngine(), generator=own)
+    prompts = prompt_batch(PROMPTS[:2])
+    params = SamplingParams(temperature=1.0, max_new_tokens=5)
+    with policy.seeded(torch.Generator().manual_seed(7)):
+        first = policy.sample(prompts, 2, params)
+    with pytest.raises(RuntimeError, match="boom"), policy.seeded(torch.Generator().manual_seed(7)):
+        again = policy.sample(prompts, 2, params)
+        raise RuntimeError("boom")
+    assert torch.equal(first.completion_ids, again.completion_ids)
+    assert policy.generator is own and torch.equal(own.get_state(), torch.Generator().manual_seed(1).get_state())

@@ -23,7 +23,8 @@ import logging
 import pytest
 import torch
 
-from prefzoo.models.policy import CausalLMPolicy, completion_logits, unique_prompts
+from prefzoo.models.body import unique_prompts
+from prefzoo.models.policy import CausalLMPolicy, completion_logits
 from tests.bounds import U32, probable_sum_bound
 from tests.models.helpers import sequence_batch, tokenizer
 from tests.models.helpers import float64_rms_norm

@@ -93,7 +93,7 @@ def test_an_asynchronous_run_resumes(tmp_path, synchronous):
         args = [*ARGS, "trainer.save_every=2", "rollout.asynchronous=true", f"rollout.max_staleness={k}"]
         trainer = Trainer(compose(args), tmp_path / f"resumed{k}")
         run_until_killed(trainer, 3)
-        assert trainer.async_rollouts is None  # the worker was stopped on the way out
+        assert trainer.source.rollouts is None  # the worker was stopped on the way out
         Trainer(compose([*args, "trainer.resume=true"]), tmp_path / f"resumed{k}").run()
         from safetensors.torch import load_file
 

@@ -172,7 +172,7 @@ def test_the_hf_engine_decodes_with_the_static_cache_by_default(model, monkeypat
     ids = prompt_batch(PROMPTS)
     prompts = PromptBatch(ids.prompt_ids, ids.prompt_mask, columns={ROLLOUT_SEED_COLUMN: [3, 4, 5, 6]})
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    static = CausalLMPolicy(model, tokenizer()).sample(prompts, 2, params)
+    static = CausalLMPolicy(model, tokenizer(), engine=HFEngine()).sample(prompts, 2, params)
     assert built == [1]
     dynamic = CausalLMPolicy(model, tokenizer(), engine=HFEngine(kv_cache="dynamic")).sample(prompts, 2, params)
     assert built == [1]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefzoo.training import baseline, loop
+from prefzoo.training import baseline, evaluations, loop
 from prefzoo.training.loop import Trainer
 from tests.algos.hydra_runs import TINY_RUN, compose
 from tests.test_config import typed
@@ -102,13 +102,13 @@ class CountingEvaluations:
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = Trainer.policy_metrics
+        real = evaluations.RunEvaluations.policy_metrics
 
-        def counted(trainer):
+        def counted(run_evaluations):
             self.calls += 1
-            return real(trainer)
+            return real(run_evaluations)
 
-        monkeypatch.setattr(Trainer, "policy_metrics", counted)
+        monkeypatch.setattr(evaluations.RunEvaluations, "policy_metrics", counted)
 
 
 #: DPO on the tiny model's built-in pairs (its sampled answers against the known ones), 2 steps at a rate that moves it
@@ -121,12 +121,12 @@ def test_a_second_run_reuses_the_first_ones_evaluation_and_trains_bit_for_bit_al
     second reuses it (one policy evaluation instead of two: after training only), the third (eval.reuse_before=false)
     computes it again. The three give the same evaluation before training, the same training metrics and the same
     adapter to the last bit: the reuse changes nothing but the time."""
-    monkeypatch.setattr(loop, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(evaluations, "cache_dir", lambda: tmp_path / "cache")
     count = CountingEvaluations(monkeypatch)
     runs = {}
     for name, extra in [("first", []), ("second", []), ("computed", ["eval.reuse_before=false"])]:
         count.calls = 0
-        with caplog.at_level(logging.INFO, logger="prefzoo.training.loop"):
+        with caplog.at_level(logging.INFO, logger="prefzoo.training"):
             caplog.clear()
             Trainer(compose([*RUN, *extra]), tmp_path / name).run()
         runs[name] = (count.calls, caplog.text)
@@ -157,7 +157,7 @@ def test_a_second_run_reuses_the_first_ones_evaluation_and_trains_bit_for_bit_al
 
 
 def test_a_damaged_stored_evaluation_is_computed_again_and_replaced(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(loop, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(evaluations, "cache_dir", lambda: tmp_path / "cache")
     Trainer(compose([*RUN, "trainer.max_steps=1"]), tmp_path / "a").run()
     (stored,) = (tmp_path / "cache" / "evaluations").glob("*.json")
     stored.write_text('{"key": {}, "result": ')  # torn
@@ -197,7 +197,7 @@ def test_the_shipped_evaluation_is_what_the_default_run_computes(tmp_path, monke
     torch.set_num_threads(wanted["threads"])
     if baseline.environment("cpu") != wanted:  # another machine's rounding draws other samples (prefzoo.runtime)
         pytest.skip(f"the shipped evaluation was computed with {wanted}; this machine: {baseline.environment('cpu')}")
-    monkeypatch.setattr(loop, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(evaluations, "cache_dir", lambda: tmp_path / "cache")
     trainer = Trainer(compose(["eval.reuse_before=false", "trainer.progress=false"]), tmp_path / "run")
     computed = trainer.policy_metrics()
     assert computed["greedy_examples"] == shipped["result"]["greedy_examples"]

@@ -165,10 +165,10 @@ def step(make, mode: str, fast: FastPathConfig | None = None):
     policy.logps, policy.ref_logps = keep_logps, lambda *a, **k: keep_ref(ref_logps(*a, **k))
     loss_of = algo.loss
 
-    def loss_keeping_the_rollout_reference(policy, micro):  # GRPO's batch carries the reference log-probs
+    def loss_keeping_the_rollout_reference(policy, micro, step):  # GRPO's batch carries the reference log-probs
         if isinstance(micro, Experience) and micro.ref_logps is not None:
             micro.ref_logps = keep_ref(micro.ref_logps)
-        return loss_of(policy, micro)
+        return loss_of(policy, micro, step)
 
     algo.loss = loss_keeping_the_rollout_reference
     loss = accumulate_gradients(algo, policy, batch, len(batch))["loss"][0]

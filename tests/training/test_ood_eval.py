@@ -8,6 +8,7 @@ had no ``ood_*`` key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -47,6 +48,9 @@ class ScriptedPolicy:
     tractable_logps, reference, value_model, analytic_kl = False, None, None, 0.0
     pad_id, device, generator = 0, torch.device("cpu"), None
     tokenizer = CharTokenizer()
+
+    def seeded(self, generator):  # its samples are scripted: no randomness to seed
+        return contextlib.nullcontext(self)
 
     def sample(self, batch, k, params):
         texts = []

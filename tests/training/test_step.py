@@ -39,8 +39,8 @@ def _grpo(num_minibatches: int = 2):
 
 def _bare_trainer(algo, policy, align_orders: bool = True):
     """A Trainer without __init__ (no model, tokenizer or data): the tabular policy, Adam at a constant rate (the
-    bed's ``optimizer="adam", lr_schedule="constant"``), one process, no clipping (``max_grad_norm=0``), and a
-    ``next_batch`` that samples the step's experience with the policy's generator as the bed does. The Trainer
+    bed's ``optimizer="adam", lr_schedule="constant"``), one process, no clipping (``max_grad_norm=0``), and an
+    experience source whose ``next_batch`` samples the step's experience with the policy's generator as the bed does. The Trainer
     draws mini-batch orders from torch's global generator, the bed from the policy's; with ``align_orders`` the
     global generator is put in the policy generator's state after sampling, so both draw the same orders."""
     from prefzoo.training.distributed import DataParallel
@@ -52,14 +52,15 @@ def _bare_trainer(algo, policy, align_orders: bool = True):
     tr.params = [p for p in policy.parameters() if p.requires_grad]
     tr.optimizer = torch.optim.Adam(tr.params, lr=LR, betas=(0.9, 0.999))
     tr.scheduler = torch.optim.lr_scheduler.LambdaLR(tr.optimizer, lambda s: 1.0)
-    tr.cfg = SimpleNamespace(trainer=SimpleNamespace(micro_batch_size=MICRO, max_grad_norm=0.0))
+    tr.cfg = SimpleNamespace(trainer=SimpleNamespace(micro_batch_size=MICRO, max_grad_norm=0.0, kl_metric_every=0))
+    tr.step, tr.model = 0, None
 
-    def next_batch():
-        out = algo.make_experience(policy, PromptSource(2, repeats=4).next(), TableScorer(REWARDS))
+    def next_batch(step, context):
+        out = algo.make_experience(policy, PromptSource(2, repeats=4).next(), TableScorer(REWARDS), step=context)
         if align_orders:
             torch.set_rng_state(policy.generator.get_state())
         return out
-    tr.next_batch = next_batch
+    tr.source = SimpleNamespace(next_batch=next_batch, after_update=lambda step, model: None)
     return tr
 
 
@@ -169,9 +170,9 @@ def test_orders_are_drawn_once_per_pass_over_the_global_rows():
     asked, seen = [], []
     original_loss = algo.loss
 
-    def loss(pol, mb):
+    def loss(pol, mb, step):
         seen.append(mb.completion_ids[:, 0].tolist())
-        return original_loss(pol, mb)
+        return original_loss(pol, mb, step)
     algo.loss = loss
     params = [policy.logits]
     opt = torch.optim.SGD(params, lr=0.0)
