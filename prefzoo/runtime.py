@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import torch
 import transformers
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-__all__ = ["numerics_environment"]
+__all__ = ["numerics_environment", "KV_CACHE_ARGUMENT"]
+
+#: the KV cache's keyword argument and output field of a causal LM's forward: ``cache`` in transformers >= 5.2x,
+#: ``past_key_values`` before (the decode loop, :mod:`prefzoo.rollout.generate`, and the policy's shared-prompt pass,
+#: :mod:`prefzoo.models.body`, call the model incrementally with it)
+KV_CACHE_ARGUMENT = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def numerics_environment(device: torch.device | str) -> dict:

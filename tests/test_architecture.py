@@ -29,8 +29,8 @@ from prefzoo.algos import BUILTIN
 
 ROOT = Path(prefzoo.__file__).parent
 
-#: room -> the rooms it may import (besides itself). ``errors``, ``text`` and ``runtime`` (the numerics environment)
-#: are leaves everyone may import.
+#: room -> the rooms it may import (besides itself). ``errors``, ``text`` and ``runtime`` (the numerics environment, the
+#: libraries' version differences) are leaves everyone may import.
 BASE = {"errors", "text", "runtime"}
 MIDDLE = {"types", "objective", "config", "validation", "models", "data", "rollout", "rewards", "evaluation",
           "environments"}

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from prefzoo.errors import ModelError
-from prefzoo.rollout.forward import KV_CACHE_ARGUMENT, position_ids_from_mask
-from prefzoo.types import SequenceBatch
+from prefzoo.runtime import KV_CACHE_ARGUMENT
+from prefzoo.types import SequenceBatch, position_ids_from_mask
 
 __all__ = ["body_and_head", "unique_prompts", "completion_hidden", "logits_are_head_of_body"]
 

@@ -48,13 +48,12 @@ import logging
 import torch
 from torch import Tensor, nn
 
-from prefzoo.types import PromptBatch, RolloutEngine, SamplingParams, SequenceBatch
+from prefzoo.types import PromptBatch, RolloutEngine, SamplingParams, SequenceBatch, position_ids_from_mask
 from prefzoo.errors import ModelError
 from prefzoo.models.body import body_and_head, completion_hidden, logits_are_head_of_body
 from prefzoo.models.reference import Reference
 from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
 from prefzoo.objective import TokenLogits, linear_token_logps, support_log_mass, token_entropy, token_logps
-from prefzoo.rollout.forward import position_ids_from_mask
 
 log = logging.getLogger(__name__)
 

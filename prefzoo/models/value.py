@@ -56,10 +56,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from prefzoo.types import SequenceBatch, ValueHeadSpec
+from prefzoo.types import SequenceBatch, ValueHeadSpec, position_ids_from_mask
 from prefzoo.errors import ConfigError, ModelError
 from prefzoo.models.packing import packed_states
-from prefzoo.rollout.forward import position_ids_from_mask
 
 VALUE_ADAPTER = "value"
 VALUE_ADAPTERS = ("separate", "shared")

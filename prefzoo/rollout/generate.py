@@ -24,10 +24,10 @@ import weakref
 import torch
 from torch import Tensor
 
-from prefzoo.rollout.forward import KV_CACHE_ARGUMENT, position_ids_from_mask
+from prefzoo.runtime import KV_CACHE_ARGUMENT
 from prefzoo.objective import support_mask
 from prefzoo.rollout.kv_cache import PreallocatedKV, can_preallocate, mask_format
-from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch
+from prefzoo.types import PromptBatch, SamplingParams, SequenceBatch, position_ids_from_mask
 
 
 def filter_support(logits: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:

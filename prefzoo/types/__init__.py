@@ -30,7 +30,7 @@ Notation (used in every docstring of prefzoo, DESIGN.md's glossary):
 from prefzoo.objective import TokenLogits
 from prefzoo.types.batches import (PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN, Batch, EpisodeLog, Experience, PreferenceBatch,
                                    PromptBatch, Reply, SequenceBatch, UnpairedBatch, episode_metrics, pad_cat,
-                                   sequence_rewards)
+                                   position_ids_from_mask, sequence_rewards)
 from prefzoo.types.contracts import (NO_STEP, CorrectionSettings, DistillationPolicy, LossOutput, ObjectiveSettings, Policy,
                                      RolloutEngine, SamplingParams, Scorer, StepContext, ValueHeadSpec, ValuePolicy)
 
@@ -38,4 +38,4 @@ __all__ = ["Batch", "SequenceBatch", "Reply", "EpisodeLog", "episode_metrics", "
            "DistillationPolicy", "TokenLogits", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
            "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN",
            "PROMPT_MESSAGES", "sequence_rewards", "pad_cat", "CorrectionSettings", "RolloutEngine", "StepContext",
-           "NO_STEP"]
+           "NO_STEP", "position_ids_from_mask"]

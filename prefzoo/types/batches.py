@@ -13,7 +13,15 @@ from torch import Tensor
 from prefzoo.objective import last_token_index
 
 __all__ = ["Batch", "SequenceBatch", "Experience", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch",
-           "PreferenceBatch", "UnpairedBatch", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES", "sequence_rewards", "pad_cat"]
+           "PreferenceBatch", "UnpairedBatch", "ROLLOUT_SEED_COLUMN", "PROMPT_MESSAGES", "sequence_rewards", "pad_cat",
+           "position_ids_from_mask"]
+
+
+def position_ids_from_mask(mask: Tensor) -> Tensor:
+    """The positions of a left-padded batch's tokens, counting only real tokens so that left padding does not shift
+    them (what a causal LM's ``position_ids`` must be for its rotary or learned positions). ``mask``: Shape (B, L), bool
+    or 0/1; returns Shape (B, L) long, 0 on the padding."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def pad_cat(tensors: list[Tensor], side: str, value) -> Tensor:

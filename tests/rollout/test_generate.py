@@ -21,7 +21,7 @@ import torch
 
 from prefzoo.types import SamplingParams
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.rollout.forward import position_ids_from_mask
+from prefzoo.types import position_ids_from_mask
 from prefzoo.rollout.engine import HFEngine
 from prefzoo.rollout.generate import filter_support, sample_completions, sample_from
 from tests.bounds import U32, gamma, probable_sum_bound
