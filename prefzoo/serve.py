@@ -105,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
 def model_folder(name: str, *, seed: int, tiny_hidden_size: int, tiny_layers: int, build: bool = True) -> str:
     """The folder (or hub id) vLLM loads for ``--model name``: as a run resolves ``model.name``; ``build``: convert
     SmolLM2 / build the tiny model there if missing (False: only say where)."""
-    from prefzoo.models.loading import SMOLLM2_CACHE_NAME, cache_dir, load_causal_lm, load_tokenizer, smollm2_local_dir
+    from prefzoo.models.loading import (SMOLLM2_CACHE_NAME, atomic_save, cache_dir, load_causal_lm, load_tokenizer,
+                                        smollm2_local_dir)
 
     if name == "smollm2":
         return str(smollm2_local_dir()) if build else str(cache_dir() / SMOLLM2_CACHE_NAME)
@@ -115,10 +116,12 @@ def model_folder(name: str, *, seed: int, tiny_hidden_size: int, tiny_layers: in
             tokenizer = load_tokenizer("tiny")
             model = load_causal_lm("tiny", seed=seed, tokenizer=tokenizer,
                                    tiny_kwargs={"hidden_size": tiny_hidden_size, "num_layers": tiny_layers})
-            partial = folder.with_name(folder.name + ".partial")
-            model.save_pretrained(partial)
-            tokenizer.save_pretrained(partial)
-            partial.replace(folder)
+
+            def save(tmp) -> None:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+
+            atomic_save(folder, save)  # two servers started at once on a fresh cache both build it
         return str(folder)
     return name
 

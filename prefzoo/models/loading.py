@@ -62,16 +62,20 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def _atomic_save(target: Path, save) -> None:
-    """Write with ``save(tmpdir)`` then rename, so an interrupted conversion never leaves a half cache."""
+def atomic_save(target: Path, save) -> None:
+    """Write a folder with ``save(tmpdir)`` then rename it to ``target``, so an interrupted write never leaves a half
+    folder, and processes that build the same folder at once (two servers on a fresh cache) each end with a complete
+    one: each writes its own temporary folder, the first rename wins, the others discard theirs."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         save(tmp)
-        if target.exists():  # another process won the race; keep theirs
-            shutil.rmtree(tmp)
-        else:
+        try:
             tmp.rename(target)
+        except OSError:
+            if not target.is_dir() or not any(target.iterdir()):
+                raise
+            shutil.rmtree(tmp)  # another process won the race; keep theirs
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -103,7 +107,7 @@ def smollm2_tokenizer() -> PreTrainedTokenizerBase:
     if not (target / "tokenizer_config.json").is_file():
         gguf = smollm2_gguf_path()
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        _atomic_save(target, tok.save_pretrained)
+        atomic_save(target, tok.save_pretrained)
     return AutoTokenizer.from_pretrained(target)
 
 
@@ -123,7 +127,7 @@ def smollm2_local_dir() -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
 
-    _atomic_save(target, save)
+    atomic_save(target, save)
     log.info("converted in %.1f s", time.perf_counter() - start)
     return target
 
