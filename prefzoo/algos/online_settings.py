@@ -141,12 +141,13 @@ def check_adaptive_start(objective: ObjectiveSettings) -> None:
 
 def check_group_relative_settings(cfg: GroupRelativeConfig, objective: ObjectiveSettings) -> None:
     """The checks of a member with GRPO's advantages: :func:`check_online_settings` with G >= 2 (the group is the
-    baseline), and ``algo.scale_rewards`` one of :data:`prefzoo.objective.ADVANTAGE_SCALES`.
+    baseline), ``algo.advantage_eps`` >= 0, and ``algo.scale_rewards`` one of :data:`prefzoo.objective.ADVANTAGE_SCALES`.
 
     Raises:
         ConfigError: the first bad value, naming its key and the valid values.
     """
     check_online_settings(cfg, objective, min_samples=2, why="the group is the baseline")
+    check_range(cfg, ("advantage_eps",), lambda v: v >= 0, ">= 0 (it is added to the group's std)")
     if cfg.scale_rewards not in ADVANTAGE_SCALES:
         raise ConfigError(f"algo.scale_rewards={cfg.scale_rewards!r}; choose one of {', '.join(ADVANTAGE_SCALES)}.")
 

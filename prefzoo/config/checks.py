@@ -116,6 +116,9 @@ def _check_model(cfg: Config) -> None:
     if m.quantization == "4bit" and not m.lora.enabled:
         raise ConfigError("model.quantization=4bit needs LoRA (QLoRA): 4-bit weights cannot be trained directly. "
                           "Set model.lora.enabled=true or model.quantization=none.")
+    if m.adapter_path and not m.lora.enabled:
+        raise ConfigError(f"model.adapter_path={m.adapter_path} needs LoRA: set model.lora.enabled=true (or drop "
+                          "model.adapter_path to fine-tune every weight).")
     if m.lora.enabled:
         _positive("model.lora.r", m.lora.r)
         if not 0 <= m.lora.dropout < 1:
@@ -285,10 +288,13 @@ def check_correction(cfg: Config) -> None:
                           "the band [clip_min, clip_max] is empty; swap them.")
     what = ("rollout.correction.bypass=true" if c.bypass
             else f"rollout.correction.mode={c.mode}" if c.mode is not None else None)
-    if what and r.engine == "hf" and not r.asynchronous and not (r.log_mismatch and cfg.model.fast.merged_rollout):
+    m = cfg.model
+    merged_copy = r.log_mismatch and m.fast.merged_rollout and m.lora.enabled and m.quantization == "none"
+    if what and r.engine == "hf" and not r.asynchronous and not merged_copy:
         raise ConfigError(f"{what} corrects for a sampler that is not the trainer, but rollout.engine=hf samples "
                           "with the trainer's own model; use rollout.engine=vllm, or rollout.log_mismatch=true with "
-                          "model.fast.merged_rollout=true (the hf engine's merged copy), or leave it off.")
+                          "model.fast.merged_rollout=true (the hf engine's merged copy: LoRA on, "
+                          "model.quantization=none), or leave it off.")
     if r.asynchronous:
         check_asynchronous(cfg)
     if c.bypass and (r.top_p < 1.0 or r.top_k):

@@ -40,6 +40,37 @@ class Reference:
         return contextlib.nullcontext()
 
 
+def reference_refusal(mode: str, *, lora_enabled: bool, adapter_loaded: bool, outside: list[str]) -> str | None:
+    """Why ``model.reference=mode`` cannot give the reference it names, as a one-line message, or None when it can.
+    The pre-flight asks it from the config alone (``outside`` = ``model.lora.modules_to_save``), before any model
+    loads; :func:`make_reference` asks it again of the wrapped model (``outside`` = its trainable non-LoRA weights).
+
+    Args:
+        mode: ``auto`` | ``adapter_disabled`` | ``copy`` | ``base`` (``auto`` and ``copy`` are never refused).
+        lora_enabled: the policy trains through a LoRA adapter.
+        adapter_loaded: the adapter was loaded already trained (``model.adapter_path``).
+        outside: names of weights that train outside the adapter (``modules_to_save``, ...).
+    """
+    if mode not in ("adapter_disabled", "base"):
+        return None
+    reasons = []
+    if not lora_enabled:
+        reasons.append("LoRA is off (full fine-tuning)")
+    elif outside:
+        reasons.append(f"weights outside the adapter train ({', '.join(outside[:3])}...)")
+    if mode == "base":  # a loaded adapter is the point here, so only the other reasons refuse
+        if not reasons:
+            return None
+        return ("model.reference=base needs the base weights untouched under a LoRA adapter, but "
+                + "; ".join(reasons) + ". Use model.reference=copy (or auto).")
+    if lora_enabled and adapter_loaded:
+        reasons.append("the adapter was loaded already trained (model.adapter_path)")
+    if not reasons:
+        return None
+    return ("model.reference=adapter_disabled would not give the starting policy because "
+            + "; ".join(reasons) + ". Use model.reference=copy (or auto).")
+
+
 def make_reference(model: nn.Module, *, lora_enabled: bool, adapter_loaded: bool, mode: str) -> Reference:
     """Choose how pi_ref is computed for the freshly wrapped ``model`` (before any training step).
 
@@ -52,26 +83,16 @@ def make_reference(model: nn.Module, *, lora_enabled: bool, adapter_loaded: bool
 
     Raises:
         ConfigError: ``adapter_disabled`` asked for where it would not give the initial policy; ``base`` where
-            switching the adapter off does not give the base weights (LoRA off, weights outside the adapter train).
+            switching the adapter off does not give the base weights (LoRA off, weights outside the adapter train):
+            :func:`reference_refusal`, which the pre-flight asks first from the config.
     """
-    reasons = []
-    if not lora_enabled:
-        reasons.append("LoRA is off (full fine-tuning)")
-    else:
-        outside = trainable_outside_adapter(model)
-        if outside:
-            reasons.append(f"weights outside the adapter train ({', '.join(outside[:3])}...)")
-    if mode == "base":  # a loaded adapter is the point here, so only the other reasons refuse
-        if reasons:
-            raise ConfigError("model.reference=base needs the base weights untouched under a LoRA adapter, but "
-                              + "; ".join(reasons) + ". Use model.reference=copy (or auto).")
+    outside = trainable_outside_adapter(model) if lora_enabled else []
+    refusal = reference_refusal(mode, lora_enabled=lora_enabled, adapter_loaded=adapter_loaded, outside=outside)
+    if refusal:
+        raise ConfigError(refusal)
+    if mode == "base":
         return Reference(model, "adapter_disabled")
-    if lora_enabled and adapter_loaded:
-        reasons.append("the adapter was loaded already trained (model.adapter_path)")
-    if mode == "adapter_disabled" and reasons:
-        raise ConfigError("model.reference=adapter_disabled would not give the starting policy because "
-                          + "; ".join(reasons) + ". Use model.reference=copy (or auto).")
-    if mode == "copy" or reasons:
+    if mode == "copy" or not lora_enabled or outside or adapter_loaded:  # auto: switching the adapter off would not do
         ref = copy.deepcopy(model)
         ref.eval()
         for p in ref.parameters():

@@ -222,6 +222,22 @@ def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
+def check_value_adapter(mode: str, gradient_checkpointing: bool) -> None:
+    """The value head's adapter (``algo.value_adapter``) against the model settings; the pre-flight asks it before any
+    model loads, :func:`build_value_model` again.
+
+    Raises:
+        ConfigError: ``mode`` not one of :data:`VALUE_ADAPTERS`; ``separate`` with gradient checkpointing (the
+            recomputed forward would run through the policy's adapter, not the value's).
+    """
+    if mode not in VALUE_ADAPTERS:
+        raise ConfigError(f"algo.value_adapter={mode!r}; choose one of {', '.join(VALUE_ADAPTERS)}.")
+    if mode == "separate" and gradient_checkpointing:
+        raise ConfigError("algo.value_adapter=separate cannot be combined with model.gradient_checkpointing=true "
+                          "(the recomputed forward would use the policy's adapter); set algo.value_adapter=shared "
+                          "or turn gradient checkpointing off.")
+
+
 def build_value_model(cfg, spec: ValueHeadSpec, model: nn.Module, device: torch.device) -> ValueModel:
     """The value model for a run (see the module docstring for the design).
 
@@ -236,8 +252,7 @@ def build_value_model(cfg, spec: ValueHeadSpec, model: nn.Module, device: torch.
         ConfigError: unknown ``value_adapter`` or ``head_init``; ``separate`` with gradient checkpointing.
     """
     mode, head_init = spec.adapter, spec.init
-    if mode not in VALUE_ADAPTERS:
-        raise ConfigError(f"algo.value_adapter={mode!r}; choose one of {', '.join(VALUE_ADAPTERS)}.")
+    check_value_adapter(mode, cfg.model.gradient_checkpointing)
     m = cfg.model
     meta = {"model": m.name, "dtype": m.dtype, "quantization": m.quantization, "seed": cfg.trainer.seed,
             "tiny_hidden_size": m.tiny_hidden_size, "tiny_layers": m.tiny_layers, "value_adapter": mode,
@@ -247,10 +262,6 @@ def build_value_model(cfg, spec: ValueHeadSpec, model: nn.Module, device: torch.
     hidden_size = model.config.hidden_size
     if mode == "shared":
         return ValueModel(model, hidden_size, adapter=None, meta=meta, head_init=head_init).to(device)
-    if m.gradient_checkpointing:
-        raise ConfigError("algo.value_adapter=separate cannot be combined with model.gradient_checkpointing=true "
-                          "(the recomputed forward would use the policy's adapter); set algo.value_adapter=shared "
-                          "or turn gradient checkpointing off.")
     if _is_peft(model):
         from prefzoo.models.lora import peft_lora_config
 

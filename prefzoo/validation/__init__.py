@@ -9,9 +9,11 @@ in this order:
   folder (safetensors), every reward function (imports, is callable, takes ``(prompts, completions, **columns)``), a
   distillation teacher that loads and fits the student (its vocabulary; an adapter's shapes);
 * the settings against the plugin's declaration (:mod:`prefzoo.validation.plugin`) -- the rows per process and step,
-  a controller, a correction, a divergence the plugin honours, an environment it can play, the rows of a step for its
-  mini-batches, a KL budget something measures, what runs in one process only, reward shaping;
-* the machine (:mod:`prefzoo.validation.machine`) -- vLLM installed for ``rollout.engine=vllm``; the servers of
+  the model parts (the weights' dtype, the reference mode, the value head's adapter), a controller, a correction,
+  a divergence the plugin honours, an environment it can play, the rows of a step for its mini-batches, a KL budget
+  something measures, what runs in one process only, reward shaping;
+* the machine (:mod:`prefzoo.validation.machine`) -- vLLM installed (and the LoRA rank it serves) for
+  ``rollout.engine=vllm``; the servers of
   ``rollout.engine=vllm_server`` answer and serve the run's model;
 * warnings (:mod:`prefzoo.validation.warnings`) -- legal settings that make a run do nothing or cannot apply to it.
 """
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 from prefzoo.validation.machine import check_engine_installed, check_rollout_servers
 from prefzoo.validation.plugin import (check_batch_size, check_correction_support, check_divergence_support,
-                                       check_environment, check_explicit_reward, check_kl_budget, check_kl_controller,
-                                       check_parallel, check_reward_shaping, check_step_rows, has_reference)
+                                       check_early_stopping_reported, check_environment, check_explicit_reward,
+                                       check_kl_budget, check_kl_controller, check_model_parts, check_parallel,
+                                       check_reward_shaping, check_step_rows, has_reference)
 from prefzoo.validation.references import (check_adapter_path, check_annotator, check_early_stopping_metric,
                                            check_model_name, check_names, check_ood_eval, check_references,
                                            check_reward_functions, check_teacher, check_teacher_fits)
@@ -31,8 +34,8 @@ __all__ = ["check_run", "check_names", "check_annotator", "check_ood_eval", "che
            "check_adapter_path", "check_model_name", "check_reward_functions", "check_references", "check_teacher",
            "check_teacher_fits", "check_batch_size", "check_kl_controller", "check_divergence_support",
            "check_explicit_reward", "check_correction_support", "check_environment", "check_step_rows",
-           "has_reference", "check_kl_budget", "check_parallel", "check_reward_shaping", "check_engine_installed",
-           "check_rollout_servers", "warn_idle", "warn_ignored"]
+           "has_reference", "check_kl_budget", "check_model_parts", "check_early_stopping_reported", "check_parallel",
+           "check_reward_shaping", "check_engine_installed", "check_rollout_servers", "warn_idle", "warn_ignored"]
 
 
 def check_run(cfg, declaration, processes: int, overrides: list[str] | None = None) -> None:
@@ -47,10 +50,12 @@ def check_run(cfg, declaration, processes: int, overrides: list[str] | None = No
     """
     d = declaration
     check_batch_size(cfg, d.min_batch_size, processes)  # rows per process and step
+    check_model_parts(cfg, d)  # the weights' dtype, the reference mode, the value head's adapter
     check_kl_controller(cfg, d.has("adaptive_beta"))
     check_environment(cfg, d.online, d.has("turn_rewards"))  # env=...: shape, budget, reward placement
     check_correction_support(cfg, d.has("sampler_correction"))  # rollout.correction.* honoured?
     check_references(cfg, d.num_samples)  # early-stopping metric, adapter folder, model folder, reward functions
+    check_early_stopping_reported(cfg, d)  # ... and a metric this run reports
     check_teacher(d.teacher)  # algo=distill: a teacher prefzoo can load
     check_teacher_fits(cfg, d.teacher)  # ... that shares the student's vocabulary (and base, as an adapter)
     check_divergence_support(cfg, d.has("f_divergence"))  # objective=forward_kl|js|alpha honoured?

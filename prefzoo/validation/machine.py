@@ -47,14 +47,21 @@ def check_rollout_servers(cfg) -> None:
 
 
 def check_engine_installed(cfg) -> None:
-    """``rollout.engine=vllm`` needs vLLM in this Python (``vllm_server``'s servers run it elsewhere).
+    """``rollout.engine=vllm`` needs vLLM in this Python (``vllm_server``'s servers run it elsewhere), and a LoRA rank
+    it serves (:func:`prefzoo.rollout.vllm_engine.lora_rank_for_vllm`).
 
     Raises:
-        ConfigError: it is not installed (the message gives the install command).
+        ConfigError: the rank is above what vLLM serves; vLLM is not installed (the message gives the install command).
     """
     from prefzoo.config import VLLM_INSTALL
 
-    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+    if cfg.rollout.engine != "vllm":
+        return
+    if cfg.model.lora.enabled:
+        from prefzoo.rollout.vllm_engine import lora_rank_for_vllm
+
+        lora_rank_for_vllm(cfg.model.lora.r)
+    if importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed in this Python ({sys.executable}): "
                           f"{VLLM_INSTALL}; or use rollout.engine=hf (or vllm_server, whose servers run vLLM "
                           "elsewhere).")

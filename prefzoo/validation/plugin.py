@@ -128,9 +128,10 @@ def check_step_rows(cfg, num_minibatches: int, num_samples: int) -> None:
 
 def has_reference(cfg, declared: bool) -> bool:
     """Whether the run will have a reference policy: declared by the plugin, or free under LoRA (the adapter-disabled
-    model, for drift metrics: :func:`prefzoo.training.build.build_parts`)."""
+    model, for drift metrics: :func:`prefzoo.training.build.build_parts`, which builds none when weights outside the
+    adapter train, ``model.lora.modules_to_save``)."""
     m = cfg.model
-    return declared or (m.lora.enabled and not m.adapter_path and m.reference != "copy")
+    return declared or (m.lora.enabled and not m.adapter_path and m.reference != "copy" and not m.lora.modules_to_save)
 
 
 def check_kl_budget(cfg, declaration) -> None:
@@ -145,7 +146,8 @@ def check_kl_budget(cfg, declaration) -> None:
         return
     if not has_reference(cfg, declaration.reference):
         raise ConfigError(f"objective.kl_budget is set, but this run has no reference to measure KL against "
-                          f"(algo={cfg.algo.name} without LoRA loads none); use LoRA or drop the budget.")
+                          f"(algo={cfg.algo.name} declares none; the free one, the adapter switched off, needs LoRA "
+                          "without model.lora.modules_to_save or model.adapter_path); use LoRA or drop the budget.")
     periodic = cfg.eval.every or cfg.eval.steps or cfg.trainer.early_stopping.metric
     if not declaration.online and not periodic:
         raise ConfigError(f"objective.kl_budget: algo={cfg.algo.name} measures no KL while it trains (it "
@@ -189,3 +191,56 @@ def check_parallel(cfg, declaration, processes: int) -> None:
         raise ConfigError("algo.dynamic_sampling=true draws more prompts within a step, which prefzoo does in one "
                           "process with synchronous rollouts only; set it to false, or run without data parallelism "
                           "and rollout.asynchronous=false.")
+
+
+def check_model_parts(cfg, declaration) -> None:
+    """What :func:`prefzoo.training.build.build_parts` would refuse once the model is loaded, asked of the config
+    before it loads: the weights' dtype for full fine-tuning (:func:`prefzoo.models.precision.check_weight_dtype`),
+    a reference mode that cannot give the reference it names (:func:`prefzoo.models.reference.reference_refusal`, with
+    ``model.lora.modules_to_save`` as the weights that train outside the adapter), and the value head's adapter
+    against gradient checkpointing (:func:`prefzoo.models.value.check_value_adapter`). The same functions run again on
+    the built model (a backstop for what the config cannot see, e.g. an adapter folder's own ``modules_to_save``).
+
+    Raises:
+        ConfigError: the first of them, in the message the build would give.
+    """
+    from prefzoo.models.precision import check_weight_dtype
+    from prefzoo.models.reference import reference_refusal
+    from prefzoo.models.value import check_value_adapter
+
+    m, d = cfg.model, declaration
+    check_weight_dtype(m.dtype, m.lora.enabled, d.trains)
+    if d.reference:
+        refusal = reference_refusal(m.reference, lora_enabled=m.lora.enabled, adapter_loaded=bool(m.adapter_path),
+                                    outside=list(m.lora.modules_to_save or []))
+        if refusal:
+            raise ConfigError(refusal)
+    if d.value_head is not None:
+        check_value_adapter(d.value_head.adapter, m.gradient_checkpointing)
+
+
+def check_early_stopping_reported(cfg, declaration) -> None:
+    """``trainer.early_stopping.metric`` must be one this run's evaluation reports, not only a metric of the
+    evaluation (:func:`prefzoo.validation.references.check_early_stopping_metric`): ``kl_*`` needs a reference
+    (:func:`has_reference`), ``gold_*`` the gold reward (``eval.gold_reward.functions``), ``preference_accuracy`` a
+    plugin with implicit rewards. Otherwise the run would stop at its first evaluation during training. Whether the
+    data carries answers (``task_accuracy``) is known once the data is read; the evaluation refuses it then.
+
+    Raises:
+        ConfigError: naming the metric, why this run does not report it, and the fix.
+    """
+    metric = cfg.trainer.early_stopping.metric
+    if metric is None:
+        return
+    name = metric.removeprefix("ood_").removesuffix("_se")
+    why = None
+    if name.startswith("kl_") and not has_reference(cfg, declaration.reference):
+        why = (f"algo={cfg.algo.name} has no reference here to measure KL against (it declares none, and without LoRA "
+               "none comes free); use LoRA or another metric")
+    elif name.startswith("gold_") and not cfg.eval.gold_reward.functions:
+        why = "there is no gold reward; set eval.gold_reward.functions or choose another metric"
+    elif name == "preference_accuracy" and not declaration.has("implicit_rewards"):
+        why = (f"algo={cfg.algo.name} has no implicit rewards to rank held-out pairs with; choose another metric "
+               "(task_reward, task_accuracy, ...)")
+    if why:
+        raise ConfigError(f"trainer.early_stopping.metric={metric!r} is not reported by this run: {why}.")
