@@ -131,10 +131,11 @@ def record(out: Path, names: list[str]) -> int:
 
 
 def diff(recorded: Path, new: Path, names: list[str]) -> int:
-    changed = 0
+    changed = missing = 0
     for name in names:
         a, b = read_run(recorded / name, recorded), read_run(new / name, new)
         if a["summary"] is None:
+            missing += 1
             print(f"{name:24s} (not recorded)")
             continue
         if b["summary"] is None or (b["metrics"] is None) != (a["metrics"] is None):
@@ -146,8 +147,10 @@ def diff(recorded: Path, new: Path, names: list[str]) -> int:
         print(f"{name:24s} {'same' if not found else f'{len(found)} differences'}")
         for line in found[:12]:
             print(f"    {line}")
-    print(f"{len(names) - changed} of {len(names)} runs identical (timing fields aside)")
-    return 1 if changed else 0
+    compared = len(names) - missing
+    print(f"{compared - changed} of {compared} runs identical (timing fields aside)"
+          + (f"; {missing} not recorded" if missing else ""))
+    return 1 if changed or missing else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,18 @@ FAST_PATHS = ("tests/objective/", "tests/lab/test_oracles.py", "tests/test_archi
 NOT_FAST_WORDS = ("tiny_model", "command_line", "through_the_loop", "trains_two_steps_on", "real_model")
 
 
+#: the longest test files first (measured with ``--durations``, 2 cores, one torch thread per worker: each holds a
+#: minute or more of runs or a module fixture that trains), so that xdist's ``--dist loadscope``, which hands out files
+#: in collection order, does not end with one worker running a long file while the other waits
+LONGEST_FIRST = ("tests/rollout/test_async_rollouts.py", "tests/distributed/test_fsdp.py",
+                 "tests/report/test_overoptimisation_recipes.py", "tests/test_faults_round4.py",
+                 "tests/distributed/test_data_parallel.py", "tests/test_bad_inputs.py", "tests/report/test_report.py",
+                 "tests/test_packaging.py", "tests/environments/test_env_runs.py", "tests/test_bad_inputs_runs.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: file order kept otherwise
     selected = "real_model" in (config.getoption("-m") or "")
     for item in items:
         if "real_model" in item.keywords and not selected:
