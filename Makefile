@@ -9,7 +9,7 @@ ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.prefzoo-installed
 
-.PHONY: train test test-fast setup bench clean-venv setup-vllm test-vllm setup-bench-trl bench-trl
+.PHONY: train test test-recipes test-fast setup bench clean-venv setup-vllm test-vllm setup-bench-trl bench-trl
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,12 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 THREADS_ENV = $(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS),)
 
 test: $(STAMP)
-	$(THREADS_ENV) $(PY) -m pytest $(XDIST) $(ARGS)
+	$(THREADS_ENV) $(PY) -m pytest $(XDIST) -m "not recipes" $(ARGS)
+
+# the recipes' end-to-end sweeps (marker `recipes`: over-optimisation designs, Kirk et al.'s OOD, a user file's sweep;
+# several training jobs each, about 1.5 min on 2 cores); CI runs them after `make test`
+test-recipes: $(STAMP)
+	$(THREADS_ENV) $(PY) -m pytest $(XDIST) -m recipes $(ARGS)
 
 # the formula, plugin, architecture and config tests, no model runs (marker `fast`, tests/conftest.py): under 2 minutes
 test-fast: $(STAMP)

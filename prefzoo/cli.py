@@ -296,6 +296,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         sys.exit(2)
     if dp.is_main:
         print(f"[prefzoo] run folder: {out}  (summary.json, metrics.jsonl, eval_*.json, adapter/)", flush=True)
+    del trainer  # the model and its DDP wrapper go before the process group does (DataParallel.close)
     dp.close()
     after = summary.get("eval_after") or {}
     return after.get("task_accuracy", after.get("task_reward"))

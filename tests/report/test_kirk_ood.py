@@ -20,6 +20,9 @@ import yaml
 
 from prefzoo.report.ood import ood_section
 
+#: the recipes' end-to-end sweeps (several training jobs each): `make test-recipes`, which CI runs; not `make test`
+pytestmark = pytest.mark.recipes
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the recipe's own settings, shrunk only in size (steps, problems, samples, tokens, pairs)
 TINY = ["model=tiny", "trainer.device=cpu", "trainer.tensorboard=false", "trainer.max_steps=2", "eval.num_problems=4",

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+#: the recipes' end-to-end sweeps (several training jobs each): `make test-recipes`, which CI runs; not `make test`
+pytestmark = pytest.mark.recipes
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "trainer.device=cpu", "trainer.tensorboard=false", "eval.num_problems=4",
         "eval.diversity_prompts=4", "eval.max_new_tokens=6", "rollout.max_new_tokens=6", "data.pairs.num_prompts=8"]

@@ -19,6 +19,9 @@ import yaml
 from prefzoo.report.sweep_dirs import job_dirname, swept_keys
 from tests import background
 
+#: the recipes' end-to-end sweeps (several training jobs each): `make test-recipes`, which CI runs; not `make test`
+pytestmark = pytest.mark.recipes
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl"
 
