@@ -12,8 +12,8 @@ from torch import Tensor
 
 from prefzoo.algos.base import Algorithm
 from prefzoo.errors import ConfigError
-from prefzoo.objective import (add_sequence_reward, correction_metrics, correction_weights, sampler_mismatch,
-                               sequence_kl)
+from prefzoo.objective import (add_sequence_reward, correction_metrics, correction_weights, equal_reward_groups,
+                               sampler_mismatch, sequence_kl)
 from prefzoo.types import Policy, PromptBatch, SamplingParams, Scorer, SequenceBatch, episode_metrics, pad_cat
 
 __all__ = ["ScoredSamples", "drift_metrics", "place_rewards", "engine_correction", "bypass_logps", "corrected_advantages",
@@ -216,9 +216,11 @@ def cat_scored(rollouts: list[ScoredSamples], pad_id: int = 0) -> ScoredSamples:
 
 
 def informative_groups(rewards: Tensor, num_samples: int) -> Tensor:
-    """Which groups of ``num_samples`` consecutive rewards are not all equal (DAPO's filter), Shape (B / G,) bool."""
-    grouped = rewards.view(-1, num_samples)
-    return grouped.max(-1).values != grouped.min(-1).values
+    """Which groups of ``num_samples`` consecutive rewards are not all equal (DAPO's filter), Shape (B / G,) bool.
+    Equal means equal up to rounding, as for the advantages (:func:`prefzoo.objective.equal_reward_groups`): a group
+    kept here gets advantages that are not all zero. Departs from DAPO's exact ``max != min``, which kept groups such
+    as (0.5, 0.5, 0.5, 0.5000001) that then trained nothing."""
+    return ~equal_reward_groups(rewards, num_samples)
 
 
 def dynamic_sampling(algo: Algorithm, policy: Policy, first: ScoredSamples, score: Scorer, draw, **sampling

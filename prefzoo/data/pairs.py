@@ -293,8 +293,9 @@ def copy_shipped(folder: Path) -> bool:
         if (shipped / name).is_file():
             (folder / name).write_bytes((shipped / name).read_bytes())
     made = json.loads((shipped / "stats.json").read_text()).get("made_by", {})
-    log.info("using the preference pairs shipped with prefzoo for these settings (built by `%s` on %s); "
-             "`prefzoo pairs` rebuilds them from the model", made.get("command", "prefzoo pairs"),
+    # the recorded command is quoted as it is (it may hold backquoted commands of its own)
+    log.info("using the preference pairs shipped with prefzoo for these settings (made by: %s; on %s); "
+             "`prefzoo pairs` rebuilds them from the model", made.get("command", "`prefzoo pairs`"),
              made.get("machine", "another machine"))
     return True
 

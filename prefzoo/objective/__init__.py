@@ -41,7 +41,8 @@ Conventions (DESIGN.md): logps (B, T) float32, log_ratio = logps - ref_logps, bo
 True = "this token counts", loss = -objective.
 """
 
-from .advantages import ADVANTAGE_SCALES, add_sequence_reward, gae, group_advantages, leave_one_out_advantages
+from .advantages import (ADVANTAGE_SCALES, add_sequence_reward, equal_reward_groups, gae, group_advantages,
+                         leave_one_out_advantages)
 from .best_of_n import best_of_n_indices, best_of_n_kl
 from .controllers import (
     KL_CONTROLLERS,
@@ -151,6 +152,7 @@ __all__ = [
     # advantages
     "ADVANTAGE_SCALES",
     "group_advantages",
+    "equal_reward_groups",
     "leave_one_out_advantages",
     "gae",
     "add_sequence_reward",

@@ -23,7 +23,7 @@ from .errors import (
     check_same_shape,
 )
 
-__all__ = ["ADVANTAGE_SCALES", "group_advantages", "leave_one_out_advantages", "gae", "add_sequence_reward"]
+__all__ = ["ADVANTAGE_SCALES", "group_advantages", "equal_reward_groups", "leave_one_out_advantages", "gae", "add_sequence_reward"]
 
 ADVANTAGE_SCALES = ("group", "batch", "none", "mean")
 
@@ -33,6 +33,24 @@ ADVANTAGE_SCALES = ("group", "batch", "none", "mean")
 # blow them up to O(1). (bf16/fp16 rewards are judged at float32 resolution, so that distinct
 # low-precision values are never merged.)
 _EQUAL_ULPS = 8
+
+
+def equal_reward_groups(rewards: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """Which groups of ``num_samples`` consecutive rewards are all equal up to rounding: their spread (max - min) is at
+    most ``_EQUAL_ULPS`` units in the last place of the group's largest magnitude (float32's, or the input dtype's if
+    finer). Such a group has no signal: :func:`group_advantages` gives it all-zero advantages, and dynamic sampling
+    (:func:`prefzoo.algos.online_sampling.informative_groups`) drops it: one definition for both.
+
+    Args:
+        rewards: Shape (B,), B a multiple of ``num_samples``, rows [i*G, (i+1)*G) one prompt's group.
+    Returns:
+        Shape (B / G,) bool.
+    """
+    r = rewards.detach().double().view(-1, num_samples)
+    magnitude = r.abs().amax(dim=1)
+    spread = r.amax(dim=1) - r.amin(dim=1)
+    resolution = torch.finfo(torch.promote_types(rewards.dtype, torch.float32)).eps
+    return spread <= _EQUAL_ULPS * resolution * magnitude
 
 
 def _check_group_rewards(rewards: torch.Tensor, num_samples: int, scale: str, eps: float) -> float:
@@ -107,11 +125,7 @@ def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
     eps = _check_group_rewards(rewards, num_samples, scale, eps)
     r = rewards.detach().double().view(-1, num_samples)
     centred = r - r.mean(dim=1, keepdim=True)
-    magnitude = r.abs().amax(dim=1, keepdim=True)
-    spread = r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)
-    resolution = torch.finfo(torch.promote_types(rewards.dtype, torch.float32)).eps
-    noise = _EQUAL_ULPS * resolution * magnitude
-    centred = torch.where(spread <= noise, torch.zeros_like(centred), centred)
+    centred = torch.where(equal_reward_groups(rewards, num_samples)[:, None], torch.zeros_like(centred), centred)
 
     if scale == "group":
         std = r.std(dim=1, keepdim=True) if num_samples > 1 else torch.zeros_like(r[:, :1])

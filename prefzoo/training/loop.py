@@ -73,7 +73,8 @@ from prefzoo.training.setup import (build_reward, check_reward_columns, heldout_
                                     probe_environment, probe_reward, task_prompts)
 from prefzoo.training.sharding import reduce_metrics
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
-from prefzoo.training.summary import RESULT_KEYS, make_summary, print_eval, results_block  # noqa: F401 (re-exported)
+from prefzoo.training.summary import (RESULT_KEYS, make_summary, print_change, print_eval,  # noqa: F401 (re-exported)
+                                     results_block)
 from prefzoo.training.trackers import open_metrics_log
 from prefzoo.training.watch import MetricWatch
 from prefzoo.types import StepContext
@@ -459,6 +460,8 @@ class Trainer:
             if main:
                 if after is not None:
                     print_eval("after training" if self.step else "(no training steps)", after)
+                    if self.step:
+                        print_change(before, after)
                 summary = make_summary(cfg, self, before, after, last, time.perf_counter() - started, stop_reason,
                                        weights)
                 (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))

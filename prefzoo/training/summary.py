@@ -8,7 +8,7 @@ import math
 
 from prefzoo.evaluation.ood import OOD_RESULTS
 
-__all__ = ["RESULT_KEYS", "results_block", "make_summary", "print_eval"]
+__all__ = ["RESULT_KEYS", "results_block", "make_summary", "print_eval", "print_change"]
 
 
 #: ``summary["results"]``: the comparable numbers of a run, the same keys for every algorithm (None where a
@@ -92,3 +92,23 @@ def print_eval(title: str, result: dict) -> None:
         se = result.get(f"{k}_se")
         parts.append(f"{k}={result[k]:.3f}" + (f"±{se:.3f}" if se is not None and not math.isnan(se) else ""))
     print(f"[prefzoo] eval {title}: " + ", ".join(parts), flush=True)
+
+
+#: the metrics :func:`print_change` shows, in this order, where both evaluations have them
+CHANGE_KEYS = ("task_accuracy", "preference_accuracy", "gold_task_reward", "task_reward", "sample_reward", "kl_k1")
+
+
+def print_change(before: dict | None, after: dict | None) -> None:
+    """The line a newcomer looks for after training: each of :data:`CHANGE_KEYS` in both evaluations, ``before ->
+    after`` with their standard errors, e.g. ``[prefzoo] before -> after training: task_accuracy 0.255±0.031 ->
+    0.745±0.031, kl_k1 0.000±0.000 -> 5.261±0.310``. Nothing when either evaluation is missing or they share no key."""
+    if not before or not after:
+        return
+
+    def shown(result: dict, key: str) -> str:
+        se = result.get(f"{key}_se")
+        return f"{result[key]:.3f}" + (f"±{se:.3f}" if se is not None and not math.isnan(se) else "")
+
+    parts = [f"{k} {shown(before, k)} -> {shown(after, k)}" for k in CHANGE_KEYS if k in before and k in after]
+    if parts:
+        print("[prefzoo] before -> after training: " + ", ".join(parts), flush=True)

@@ -113,3 +113,17 @@ def test_it_runs_through_the_loop_and_is_refused_with_asynchronous_rollouts(tmp_
     assert summary["final_train_metrics"]["dynamic/kept_groups"] >= 1
     with pytest.raises(ConfigError, match="synchronous rollouts only"):
         check_config(["algo=grpo", "algo.dynamic_sampling=true", "rollout.asynchronous=true"])
+
+
+def test_a_group_equal_up_to_rounding_is_uninformative_for_the_filter_as_for_the_advantages():
+    """Issue 48: the filter kept a group whose rewards differ only by rounding (0.5, 0.5, 0.5, 0.5000001: one float32
+    ulp of 0.5 is 6e-8, so the last is 0.5 + 2 ulps), which then got all-zero advantages and trained nothing. One
+    definition now: rewards of a group within 8 float32 ulps of its largest magnitude are equal, for both. A group that
+    differs by a real reward (0.5 vs 0.75) stays informative, and its advantages are not zero."""
+    from prefzoo.algos.online_sampling import informative_groups
+    from prefzoo.objective import group_advantages
+
+    rewards = torch.tensor([0.5, 0.5, 0.5, 0.5000001, 0.5, 0.5, 0.5, 0.75])
+    assert informative_groups(rewards, 4).tolist() == [False, True]
+    advantages = group_advantages(rewards, 4, "group", 1e-4).view(2, 4)
+    assert (advantages[0] == 0).all() and (advantages[1] != 0).all()

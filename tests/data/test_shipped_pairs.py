@@ -51,6 +51,10 @@ def test_a_run_copies_the_shipped_set_into_its_cache_without_building_the_model(
         assert (train.parent / name).read_bytes() == (shipped / name).read_bytes(), name
     assert stats["train"]["pairs"] == 118 and "made_by" in stats
     assert "using the preference pairs shipped with prefzoo" in caplog.text
+    # the line quotes the recorded command as it is (issue 48: wrapped in backquotes of its own, its own `prefzoo
+    # pairs` turned the quoting inside out): every backquoted span is a command a user can type
+    line = next(r.getMessage() for r in caplog.records if "shipped with prefzoo" in r.getMessage())
+    assert line.count("`") % 2 == 0 and set(line.split("`")[1::2]) == {"prefzoo pairs"}, line
 
 
 def test_prefzoo_pairs_samples_even_where_a_set_ships(tmp_path):

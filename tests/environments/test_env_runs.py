@@ -17,6 +17,7 @@ from prefzoo.training.loop import Trainer
 from prefzoo.validation import check_environment
 from tests.interrupt import run_until_killed
 from tests.algos.hydra_runs import TINY_RUN, compose
+from tests.test_bad_inputs import assert_one_error_line, no_model, run_cli  # noqa: F401 (no_model: a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
@@ -91,12 +92,25 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("extra,message", BAD, ids=[m[:30] for _, m in BAD])
-def test_a_bad_environment_is_one_line_before_the_model_loads(extra, message, tmp_path):
+#: the cases also run as real ``python train.py`` processes (Hydra, the exit status, stderr); the others run through the
+#: command line's entry point in this process (tests/test_bad_inputs.py's ``run_cli``, the model loader a tripwire),
+#: which is what ``python train.py`` runs after Hydra, without a process start (about 7 s each) per case
+AS_PROCESS = ("could not import module", "ResetFails.reset failed on the first training row")
+
+
+def _bad_args(extra):
     args = ["algo=grpo", *TINY, *extra]
-    if "algo=dpo" in extra:
-        args = [a for a in args if a != "algo=grpo"]
-    proc = cli(args, tmp_path)
+    return [a for a in args if a != "algo=grpo"] if "algo=dpo" in extra else args
+
+
+@pytest.mark.parametrize("extra,message", BAD, ids=[m[:30] for _, m in BAD])
+def test_a_bad_environment_is_one_line_before_the_model_loads(no_model, extra, message):
+    assert_one_error_line(*run_cli(_bad_args(extra)), message)
+
+
+@pytest.mark.parametrize("extra,message", [b for b in BAD if b[1] in AS_PROCESS], ids=list(AS_PROCESS))
+def test_a_bad_environment_is_one_line_from_the_command_line(extra, message, tmp_path):
+    proc = cli(_bad_args(extra), tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("prefzoo: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]

@@ -9,7 +9,6 @@ so the same update, which the first test checks bit for bit.
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from prefzoo.training.loop import Trainer
 from tests.algos.hydra_runs import LETTER_REWARD, TINY_RUN, compose
 from tests.bounds import gamma
 from tests.interrupt import run_until_killed
+from tests.rollout import faulty_workers
 
 ARGS = ["algo=grpo", LETTER_REWARD, *TINY_RUN, "trainer.max_steps=4", "trainer.lr=0.05", "rollout.temperature=1.0",
         "eval.before=false", "eval.after=false"]
@@ -105,26 +105,8 @@ def test_an_asynchronous_run_resumes(tmp_path, synchronous):
 
 
 # ------------------------------------------------------------------------------------------------ worker faults
-class _Engine:
-    def __init__(self, fault):
-        self.fault = fault
-
-    def sample(self, model, prompts, num_samples, params, *, eos_token_ids, pad_id, generator=None):
-        if self.fault == "dies":
-            os._exit(3)
-        if self.fault == "hangs":
-            time.sleep(3600)
-        raise ValueError("the tool server is down")
-
-
-def _faulty(fault):
-    return torch.nn.Linear(2, 2), _Engine(fault)
-
-
-def _cannot_build():
-    raise OSError("no such model folder: /nowhere")
-
-
+# (the worker builds from tests/rollout/faulty_workers.py, which imports torch alone: a spawned worker imports the
+# module its builder lives in, and this one imports the whole training loop)
 def _submit(rollouts):
     from prefzoo.types import PromptBatch, SamplingParams
 
@@ -143,7 +125,7 @@ def test_a_worker_that_dies_hangs_or_fails_stops_the_run_in_one_line(fault, need
 
     from prefzoo.rollout.async_rollouts import AsyncRollouts
 
-    rollouts = AsyncRollouts(partial(_faulty, fault), max_staleness=0, timeout=3, start_timeout=120)
+    rollouts = AsyncRollouts(partial(faulty_workers.faulty, fault), max_staleness=0, timeout=3, start_timeout=120)
     _submit(rollouts)
     start = time.monotonic()
     with pytest.raises(RolloutWorkerError) as err:
@@ -160,7 +142,7 @@ def test_a_worker_that_cannot_build_its_model_is_named():
     from prefzoo.rollout.async_rollouts import AsyncRollouts
 
     with pytest.raises(RolloutWorkerError, match="OSError: no such model folder: /nowhere"):
-        AsyncRollouts(_cannot_build, max_staleness=0, timeout=3, start_timeout=120)
+        AsyncRollouts(faulty_workers.cannot_build, max_staleness=0, timeout=3, start_timeout=120)
 
 
 @pytest.mark.parametrize("overrides,needle", [

@@ -43,3 +43,19 @@ def test_results_block_has_the_same_keys_for_every_algorithm(algo, extra, tmp_pa
     assert (results["entropy"] is None) == (algo == "bon")
     if algo in ("grpo", "ppo"):
         assert results["train_reward"] is not None and results["train_kl"] is not None
+
+
+def test_the_before_after_line_shows_each_shared_metric_with_its_standard_errors(capsys):
+    """The line printed after training (issue 48: `make train` showed only the evaluation after): the metrics both
+    evaluations have, in CHANGE_KEYS' order, rounded to 3 decimals as written here by hand."""
+    from prefzoo.training.summary import print_change
+
+    before = {"task_accuracy": 0.255, "task_accuracy_se": 0.0308, "kl_k1": 0.0, "kl_k1_se": 0.0, "entropy": 1.0}
+    after = {"task_accuracy": 0.745, "task_accuracy_se": 0.0309, "kl_k1": 5.2612, "kl_k1_se": 0.31, "entropy": 0.5,
+             "sample_reward": 0.5}
+    print_change(before, after)
+    assert capsys.readouterr().out == ("[prefzoo] before -> after training: task_accuracy 0.255±0.031 -> 0.745±0.031, "
+                                       "kl_k1 0.000±0.000 -> 5.261±0.310\n")
+    print_change(None, after)  # no evaluation before training (eval.before=false): no line
+    print_change(before, {"entropy": 0.5})  # nothing shared among the headline metrics: no line
+    assert capsys.readouterr().out == ""
