@@ -41,10 +41,14 @@ def equal_reward_groups(rewards: torch.Tensor, num_samples: int) -> torch.Tensor
     finer). Such a group has no signal: :func:`group_advantages` gives it all-zero advantages, and dynamic sampling
     (:func:`prefzoo.algos.online_sampling.informative_groups`) drops it: one definition for both.
 
-    Args:
-        rewards: Shape (B,), B a multiple of ``num_samples``, rows [i*G, (i+1)*G) one prompt's group.
-    Returns:
-        Shape (B / G,) bool.
+    Shape: ``rewards`` (B,), B a multiple of ``num_samples``, rows [i*G, (i+1)*G) one prompt's group; returns (B / G,)
+    bool. Units: the rewards' own (the rule is relative to the group's largest magnitude).
+
+    Raises:
+        RuntimeError: B not a multiple of ``num_samples`` (:func:`group_advantages` checks its arguments first).
+
+    Source: DAPO (Yu et al. 2025), sec. 3.2, keeps groups whose rewards are not all equal (exactly); here equal up to
+    rounding, the rule :func:`group_advantages` has always used for its zero advantages.
     """
     r = rewards.detach().double().view(-1, num_samples)
     magnitude = r.abs().amax(dim=1)
