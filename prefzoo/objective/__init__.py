@@ -20,8 +20,11 @@ Map (one idea per module):
                     (beta as its Lagrange multiplier)
     advantages.py   group-relative advantages (GRPO / Dr. GRPO), leave-one-out (RLOO), GAE (PPO), the sequence
                     reward on the last token
-    surrogate.py    PPO clipped surrogate (with DAPO clip-higher), clipped value loss, explained variance; DPPO's
-                    divergence mask, SAPO's soft gate, DRO's quadratic penalty (no ratio clip)
+    surrogate.py    PPO clipped surrogate (with DAPO clip-higher, INTELLECT-2's two-sided clip), clipped value loss,
+                    explained variance; DPPO's divergence mask, SAPO's soft gate, DRO's quadratic penalty, VESPO's
+                    sequence-level gamma kernel (no ratio clip)
+    masks.py        masks on the policy term: DeepSeek-V3.2's off-policy sequence mask, the high-entropy token mask
+                    (Wang et al. 2025, "Beyond the 80/20 rule")
     shaping.py      reward shaping before the advantages: DAPO's overlong penalty, GDPO's per-reward group
                     normalisation (the decoupled sum)
     distillation.py the generalised JSD to a teacher per token (GKD; TRL's convention at the ends), chunked with
@@ -90,7 +93,8 @@ from .odds import log_odds, log_odds_ratio
 from .prospect import kto_loss
 from .pairwise import PAIRWISE_LOSSES, PairScores, bradley_terry_loss, pairwise_loss
 from .surrogate import (TRUST_REGION_LOSSES, clipped_surrogate_loss, clipped_value_loss, dppo_loss, dro_loss,
-                        explained_variance, ratio_statistics, sapo_loss)
+                        explained_variance, ratio_statistics, sapo_loss, vespo_loss)
+from .masks import high_entropy_mask, off_policy_sequence_mask
 from .shaping import decoupled_group_rewards, overlong_penalty
 from .distillation import TokenLogits, chunked_generalized_jsd, generalized_jsd, teacher_log_ratio_rewards
 from .importance import (CORRECTION_MODES, clipped_is_weight, correction_log_ratio, correction_metrics,
@@ -161,6 +165,10 @@ __all__ = [
     "clipped_value_loss",
     "explained_variance",
     "ratio_statistics",
+    "vespo_loss",
+    # masks
+    "off_policy_sequence_mask",
+    "high_entropy_mask",
     # importance
     "sequence_log_ratio",
     "gspo_token_log_ratio",

@@ -17,6 +17,8 @@ Aggregations:
     sequence_mean  sum_b (1/n_b) sum_t v[b,t] / number of sequences   GRPO (Shao 2024, eq. 3)
     token_mean     sum_{b,t} v[b,t]           / number of tokens      DAPO (Yu 2025, eq. 8)
     constant       sum_{b,t} v[b,t]           / (B * max_length)      Dr. GRPO (Liu 2025)
+    sequence_sum   sum_{b,t} v[b,t]           / number of sequences   LUSPO (Liu et al. 2026): each sequence's
+                                                                      per-token loss summed, i.e. weighted by |y_b|
     example_mean   sum_b v[b]                 / number of examples    DPO, SimPO (per pair)
 
 (sums over counted tokens only; n_b = counted tokens of row b.)
@@ -31,7 +33,7 @@ from .logprobs import masked_sum
 
 __all__ = ["AGGREGATIONS", "loss_normaliser", "aggregate_loss"]
 
-AGGREGATIONS = ("sequence_mean", "token_mean", "constant", "example_mean")
+AGGREGATIONS = ("sequence_mean", "token_mean", "constant", "example_mean", "sequence_sum")
 
 
 def loss_normaliser(mask_or_batch_size: torch.Tensor | int, aggregation: str,
@@ -42,6 +44,7 @@ def loss_normaliser(mask_or_batch_size: torch.Tensor | int, aggregation: str,
         token_mean    -> number of True entries of the mask
         constant      -> B * max_length (a fixed generation budget, not the padded length)
         example_mean  -> B
+        sequence_sum  -> B
 
     Sum the result over every micro-batch of the optimizer step and over data-parallel ranks
     (all-reduce SUM) before calling :func:`aggregate_loss`.
@@ -100,6 +103,7 @@ def aggregate_loss(values: torch.Tensor, mask: torch.Tensor | None, aggregation:
                        rows with no counted token contribute 0)
         token_mean:    sum_{b,t} v[b,t] m[b,t] / normaliser
         constant:      sum_{b,t} v[b,t] m[b,t] / normaliser
+        sequence_sum:  sum_{b,t} v[b,t] m[b,t] / normaliser                (normaliser: the number of sequences)
         example_mean:  sum_b v[b] / normaliser                          (mask must be None)
 
     ``normaliser`` is the GLOBAL one: the sum of :func:`loss_normaliser` over all micro-batches
@@ -116,7 +120,9 @@ def aggregate_loss(values: torch.Tensor, mask: torch.Tensor | None, aggregation:
             example_mean with a mask or with values that are not (B,).
 
     Source: GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8; Dr. GRPO, Liu et al.
-    2025; DESIGN.md "Conventions" (one tested reduction, global normaliser).
+    2025; LUSPO, Liu et al. 2026 (arXiv 2602.05261: GSPO's sequence loss scaled by the sequence's length, TRL 1.16's
+    ``loss_type="luspo"``: ``(per_token_loss * mask).sum(-1).mean()``); DESIGN.md "Conventions" (one tested
+    reduction, global normaliser).
     """
     check_choice("aggregation", aggregation, AGGREGATIONS)
     normaliser = check_number(

@@ -1,5 +1,6 @@
-"""PPO's clipped surrogate objective (with DAPO's asymmetric clip) and clipped value loss; the surrogates that
-replace the ratio clip (DPPO's divergence mask, SAPO's soft gate, DRO's quadratic penalty).
+"""PPO's clipped surrogate objective (with DAPO's asymmetric clip and INTELLECT-2's two-sided clip) and clipped value
+loss; the surrogates that replace the ratio clip (DPPO's divergence mask, SAPO's soft gate, DRO's quadratic penalty,
+VESPO's sequence-level gamma kernel).
 
 Both functions return the per-token LOSS (= -objective for the policy) with zeros at masked
 positions, plus a bool tensor saying where clipping was active; reduce them with
@@ -8,12 +9,14 @@ positions, plus a bool tensor saying where clipping was active; reduce them with
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .errors import ObjectiveError, check_choice, check_mask, check_ndim, check_number, check_same_shape
 
 __all__ = ["clipped_surrogate_loss", "clipped_value_loss", "explained_variance", "ratio_statistics",
-           "TRUST_REGION_LOSSES", "dppo_loss", "sapo_loss", "dro_loss"]
+           "TRUST_REGION_LOSSES", "dppo_loss", "sapo_loss", "dro_loss", "vespo_loss"]
 
 
 def clipped_surrogate_loss(
@@ -23,12 +26,21 @@ def clipped_surrogate_loss(
     mask: torch.Tensor,
     clip_eps_low: float,
     clip_eps_high: float | None = None,
+    ratio_max: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO clipped surrogate loss, with an optional higher upper clip (clip-higher).
+    """Per-token PPO clipped surrogate loss, with an optional higher upper clip (clip-higher) and an optional cap on
+    the unclipped branch's ratio (the two-sided clip).
 
         ratio     = exp(logps - old_logps)                 (old_logps is detached)
-        objective = min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
+        objective = min(min(ratio, ratio_max) * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
         loss      = -objective, 0 at masked positions
+
+    ``ratio_max`` (None: no cap, PPO) is INTELLECT-2's delta: PPO's min leaves the ratio unbounded for A < 0 (the
+    unclipped branch is the smaller one there once ratio > 1 + clip_eps_high), so a token the update made much more
+    likely keeps a gradient -A grad ratio that grows with the ratio; capped at delta, the branch is the constant
+    delta * A past delta and the token's gradient is 0. For A > 0 the cap changes nothing when delta >
+    1 + clip_eps_high (the clipped branch is already the smaller one there). The ratio_max = delta > 1 + clip_eps_high
+    that the report recommends is checked by the config (``algo.clip_delta``), not here.
 
     ``clipped`` is True where the clipped term is strictly smaller than the unclipped one, so
     the min picks it: there the token's gradient is exactly 0 (ratio > 1 + clip_eps_high with
@@ -43,10 +55,13 @@ def clipped_surrogate_loss(
 
     Raises:
         ObjectiveError: shape mismatch (both shapes named); mask not bool; clip_eps_low not in
-            [0, 1); clip_eps_high < 0.
+            [0, 1); clip_eps_high < 0; ratio_max <= 1.
 
     Source: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7 (L^CLIP);
-    Yu et al. 2025, "DAPO", sec. 3.1 (Clip-Higher: decoupled clip_eps_low, clip_eps_high).
+    Yu et al. 2025, "DAPO", sec. 3.1 (Clip-Higher: decoupled clip_eps_low, clip_eps_high); Prime Intellect 2025,
+    "INTELLECT-2" (arXiv 2505.07291), sec. 3.2, two-sided clipping (delta; TRL 1.16's ``GRPOConfig.delta``). The
+    dual-clip of Ye et al. 2020 (verl's ``clip_ratio_c``) bounds the same A < 0 branch by -c * A from below, the same
+    value with c = delta.
     """
     check_ndim("logps", logps, 2, "(B, T)")
     check_same_shape("logps", logps, "old_logps", old_logps)
@@ -54,6 +69,8 @@ def clipped_surrogate_loss(
     clip_eps_low = check_number("clip_eps_low", clip_eps_low, low=0.0, high=1.0, strict_high=True)
     clip_eps_high = (clip_eps_low if clip_eps_high is None
                     else check_number("clip_eps_high", clip_eps_high, low=0.0))
+    if ratio_max is not None:
+        ratio_max = check_number("ratio_max", ratio_max, low=1.0, strict_low=True)
     if advantages.dim() == 1 and advantages.shape[0] == logps.shape[0]:
         advantages = advantages[:, None]
     elif advantages.shape != logps.shape:
@@ -64,10 +81,12 @@ def clipped_surrogate_loss(
     advantages = advantages.detach()
 
     ratio = torch.exp(logps - old_logps.detach())
-    unclipped = ratio * advantages
+    unclipped = (ratio if ratio_max is None else ratio.clamp(max=ratio_max)) * advantages
     clipped_obj = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high).detach() * advantages
     clipped = clipped_obj < unclipped
     objective = torch.where(clipped, clipped_obj, unclipped)
+    if ratio_max is not None:  # past delta both branches are constants: no gradient either way
+        clipped = clipped | ((ratio.detach() > ratio_max) & (advantages != 0))
     loss = torch.where(mask, -objective, torch.zeros_like(objective))
     return loss, clipped & mask
 
@@ -175,7 +194,7 @@ def ratio_statistics(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.T
 
 # ------------------------------------------------------------------------ surrogates without PPO's ratio clip
 #: the per-token policy losses a group-sampling plugin can choose with ``algo.policy_loss`` besides PPO's clip
-TRUST_REGION_LOSSES = ("dppo_tv", "dppo_kl", "sapo", "dro")
+TRUST_REGION_LOSSES = ("dppo_tv", "dppo_kl", "sapo", "dro", "vespo")
 
 
 def _token_advantages(advantages: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
@@ -324,3 +343,62 @@ def dro_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Ten
         push = beta * delta.detach()
         over = ((a > 0) & (push > a)) | ((a < 0) & (push < a))
     return torch.where(mask, loss, torch.zeros_like(loss)), over & mask
+
+
+#: the bounds on a VESPO sequence's log weight: TRL 1.16's and the authors' (log 1e-8 below, 20 above; each token's
+#: log-ratio is also clamped to [-20, 20] before the sum)
+VESPO_LOG_WEIGHT_MIN, VESPO_LOG_WEIGHT_MAX = math.log(1e-8), 20.0
+
+
+def vespo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+               k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0,
+               is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token loss of VESPO (Variational sEquence-level Soft Policy Optimization): REINFORCE weighted by a smooth,
+    asymmetric kernel of the sequence's importance weight, in place of a clip.
+
+        log w_i = clamp( sum_t clamp(logps - old_logps, -20, 20)_{i,t} + sum_t log is_weights_{i,t},  ln 1e-8, 20 )
+        phi(w)  = w^k exp(lambda (1 - w)) = exp(lambda + k log w - lambda w)       (phi(1) = 1, detached)
+        loss    = -phi(w_i) * A * logps,   (k, lambda) = (k_pos, lambda_pos) where A >= 0, else (k_neg, lambda_neg)
+
+    w_i is the PRODUCT of the token ratios of sequence i (no 1/|y| root, unlike GSPO), times the sampler correction's
+    token weights when given (``is_weights``: pi_old / pi_sampler, so that w = pi_theta / pi_sampler; then they must
+    not also multiply the advantages). phi is a gamma-shaped kernel: it rises as w^k from 0, peaks at w = k / lambda
+    and decays as exp(-lambda w), so a sequence far off-policy either way gets a small weight, smoothly (no hard
+    clip). The gradient of a token is -phi(w_i) A grad log pi: at the first pass (w = 1) it is REINFORCE's. A (B,)
+    advantage is broadcast over T; with per-token advantages the sign (hence k, lambda) is read per token, as TRL's.
+    Also returns phi per token (detached; the plugin reports its token mean as ``vespo_phi_mean``) and the tokens
+    whose phi fell below 1/2 (reported as ``clip_fraction``, as SAPO's). NaN from exp over/underflow becomes 0 (as
+    TRL). 0 where masked.
+
+    Shape: logps, old_logps (B, T) float, advantages (B,) or (B, T), mask (B, T) bool, is_weights (B, T) > 0 or None
+    -> (per_token (B, T), phi (B, T), below_half (B, T) bool). Units: advantage units x nats per token.
+
+    Raises:
+        ObjectiveError: shapes; mask not bool; k_pos / k_neg < 0; lambda_pos / lambda_neg <= 0.
+
+    Source: Shen et al. 2026, "VESPO: Variational Sequence-Level Soft Policy Optimization" (arXiv 2602.10693), the
+    reshaping kernel phi(w) = w^k e^{lambda (1 - w)} on the sequence-level weight; the defaults (k, lambda) = (2, 3)
+    for A >= 0 and (3, 2) for A < 0 and the clamps are TRL 1.16's ``loss_type="vespo"`` (``vespo_k_pos`` ...).
+    Departure: TRL clamps lambda below at 1e-4; lambda <= 0 is refused here (the kernel has no peak then).
+    """
+    _checked(logps, old_logps, mask)
+    k_pos, k_neg = (check_number(n, v, low=0.0) for n, v in (("k_pos", k_pos), ("k_neg", k_neg)))
+    lambda_pos, lambda_neg = (check_number(n, v, low=0.0, strict_low=True)
+                              for n, v in (("lambda_pos", lambda_pos), ("lambda_neg", lambda_neg)))
+    a = _token_advantages(advantages, logps)
+    with torch.no_grad():
+        dtype = torch.promote_types(logps.dtype, torch.float32)
+        log_ratio = (logps.detach().to(dtype) - old_logps.detach().to(dtype)).clamp(-20.0, 20.0)
+        log_w = torch.where(mask, log_ratio, torch.zeros_like(log_ratio)).sum(-1, keepdim=True)
+        if is_weights is not None:
+            check_same_shape("logps", logps, "is_weights", is_weights)
+            log_is = is_weights.detach().to(dtype).log().clamp(VESPO_LOG_WEIGHT_MIN, VESPO_LOG_WEIGHT_MAX)
+            log_w = log_w + torch.where(mask, log_is, torch.zeros_like(log_is)).sum(-1, keepdim=True)
+        log_w = log_w.clamp(VESPO_LOG_WEIGHT_MIN, VESPO_LOG_WEIGHT_MAX)
+        nonneg = a >= 0
+        k = torch.where(nonneg, torch.full_like(a, k_pos, dtype=dtype), torch.full_like(a, k_neg, dtype=dtype))
+        lam = torch.where(nonneg, torch.full_like(a, lambda_pos, dtype=dtype),
+                          torch.full_like(a, lambda_neg, dtype=dtype))
+        phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    loss = -phi.to(logps.dtype) * a * logps
+    return torch.where(mask, loss, torch.zeros_like(loss)), phi * mask, (phi < 0.5) & mask
