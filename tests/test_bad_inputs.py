@@ -220,6 +220,17 @@ CONFIG_CASES = [
      "trainer.early_stopping.metric='gold_task_reward' is not reported by this run: there is no gold reward"),
     (["algo=grpo", "trainer.early_stopping.metric=preference_accuracy", "eval.every=1"],
      "trainer.early_stopping.metric='preference_accuracy' is not reported by this run: algo=grpo has no implicit"),
+    # the policy-loss options of issue 48
+    (["algo=grpo", "algo.off_policy_mask_threshold=-0.5"], "algo.off_policy_mask_threshold=-0.5 must be a number > 0"),
+    (["algo=gspo", "algo.top_entropy_quantile=1.5"], "algo.top_entropy_quantile=1.5 must be in [0, 1]"),
+    (["algo=rloo", "algo.policy_loss=clipped", "algo.clip_delta=1.1"], "algo.clip_delta=1.1 must exceed 1 + algo.clip_eps_high = 1.2"),
+    (["algo=grpo", "algo.policy_loss=vespo", "algo.vespo_lambda_neg=0"], "algo.vespo_lambda_neg=0.0 > 0"),
+    (["algo=grpo", "algo.policy_loss=dppo_tv", "algo.dppo_delta_low=0"], "algo.dppo_delta_low=0.0 must be > 0"),
+    (["algo=grpo", "algo.loss_aggregation=luspo_sum"], "choose one of grpo, dr_grpo, dapo, luspo"),
+    (["algo=distill", "algo.teacher=HuggingFaceTB/SmolLM2-135M-Instruct", "algo.top_entropy_quantile=0.2"],
+     "algo.top_entropy_quantile=0.2 mask a policy-gradient term, and algo=distill's loss is the JSD"),
+    (["algo=grpo", "algo.policy_loss=vespo", "rollout.log_mismatch=true", "rollout.correction.mode=sequence_truncate"],
+     "rollout.correction.mode=sequence_truncate with algo.policy_loss=vespo"),
 ]
 
 

@@ -493,7 +493,8 @@ IGNORED = [
     (["algo=dpo", "rollout.top_k=20"], "rollout.top_k=20: algo=dpo samples nothing while it trains"),
     (["algo=dpo", "rollout.asynchronous=true"], "rollout.asynchronous=true: algo=dpo samples no training batch"),
     (["algo=grpo", "reward.overlong_penalty=2.0"], "reward.overlong_penalty=2.0 applies over reward.overlong_buffer"),
-    (["algo=grpo", "algo.dppo_delta=0.2"], "algo.dppo_delta / algo.dppo_ratio_cap are DPPO's"),
+    (["algo=grpo", "algo.dppo_delta=0.2"], "algo.dppo_delta=0.2: dppo's setting, and algo.policy_loss=clipped: ignored"),
+    (["algo=grpo", "algo.policy_loss=sapo", "algo.clip_delta=4"], "algo.clip_delta=4.0: clipped's setting"),
     (["algo=dpo", "trainer.max_steps=3", "eval.steps=[2,5]"], "eval.steps=[2, 5] lists steps past trainer.max_steps=3"),
     (["algo=grpo", "rollout.dtype=float16"], "rollout.dtype=float16 on a CPU"),
 ]

@@ -96,6 +96,11 @@ class Distill(OnlinePolicyGradient):
         # (before the group-size check, whose message would not say why)
         check_dynamic_sampling(cfg, "its loss has no reward baseline (the teacher is the target)")
         check_online_settings(cfg, objective)
+        masks = [f"algo.{k}={getattr(cfg, k)}" for k in ("off_policy_mask_threshold", "top_entropy_quantile")
+                 if getattr(cfg, k) != getattr(OnlineConfig, k)]
+        if masks:
+            raise ConfigError(f"{' and '.join(masks)} mask a policy-gradient term, and algo=distill's loss is the JSD "
+                              "to the teacher on every token (no advantage); drop them.")
 
     def declare(self):
         d = online_declaration(self, self.progress_keys, group_baseline=False)

@@ -18,10 +18,14 @@ Choices exposed (and where they come from):
   ``dr_grpo`` (sum over tokens / a constant = max_new_tokens), ``dapo`` (mean over all tokens of the
   batch, Yu et al. 2025 eq. 8);
 * ``clip_eps_low`` / ``clip_eps_high``: DAPO's decoupled clip ("clip-higher");
-* ``policy_loss``: ``clipped`` (PPO's clip, eq. 3) or a surrogate without it: ``dppo_tv`` / ``dppo_kl`` (DPPO's
-  divergence mask), ``sapo`` (SAPO's soft gate), ``dro`` (DRO's quadratic penalty), with their settings
+* ``policy_loss``: ``clipped`` (PPO's clip, eq. 3; ``clip_delta``: INTELLECT-2's two-sided clip) or a surrogate
+  without it: ``dppo_tv`` / ``dppo_kl`` (DPPO's divergence mask), ``sapo`` (SAPO's soft gate), ``dro`` (DRO's
+  quadratic penalty), ``vespo`` (VESPO's kernel of the sequence's importance weight), with their settings
   (:class:`~prefzoo.algos.trust_region.TrustRegionConfig`, :func:`~prefzoo.algos.trust_region.trust_region_token_loss`);
   ``scale_rewards=mean`` is MaxRL's advantage (r - mean) / mean;
+* the masks on the policy term every member has (:func:`~prefzoo.algos.online.mask_policy_term`):
+  ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask) and ``top_entropy_quantile`` (only the
+  highest-entropy tokens learn, Wang et al. 2025);
 * ``epochs`` (mu in the paper, TRL's ``num_iterations``): passes over each rollout, each split into
   ``num_minibatches`` optimizer steps; with more than one optimizer step per rollout, the policy's log-probs at
   sampling time are stored as ``old_logps`` (with one, old_logps = logps.detach(), so the ratio is exactly 1);
@@ -56,7 +60,8 @@ from torch import Tensor
 from prefzoo.algos import register
 from prefzoo.algos.online import OnlinePolicyGradient, group_relative_advantages
 from prefzoo.algos.online_settings import GroupRelativeConfig, check_group_relative_settings, check_policy_clip
-from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
+from prefzoo.algos.trust_region import (TokenLoss, TrustRegionConfig, check_trust_region, takes_is_weights,
+                                         trust_region_token_loss)
 from prefzoo.objective import TRUST_REGION_LOSSES
 from prefzoo.types import Experience, ObjectiveSettings
 
@@ -66,7 +71,7 @@ class GRPOConfig(GroupRelativeConfig, TrustRegionConfig):
     name: str = "grpo"
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2  # DAPO uses 0.28
-    policy_loss: str = "clipped"  # clipped | dppo_tv | dppo_kl | sapo | dro
+    policy_loss: str = "clipped"  # clipped | dppo_tv | dppo_kl | sapo | dro | vespo
 
 
 @register
@@ -81,6 +86,9 @@ class GRPO(OnlinePolicyGradient):
         check_group_relative_settings(cfg, objective)
         check_policy_clip(cfg)
         check_trust_region(cfg, ("clipped", *TRUST_REGION_LOSSES))
+
+    def loss_takes_is_weights(self) -> bool:
+        return takes_is_weights(self.cfg)
 
     def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         """PPO's clipped surrogate per token (eq. 3), with DAPO's decoupled clip; or ``algo.policy_loss``'s."""

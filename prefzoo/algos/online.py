@@ -60,11 +60,12 @@ from prefzoo.algos.online_sampling import (ScoredSamples, corrected_advantages, 
 from prefzoo.algos.online_settings import online_declaration, stores_old_logps
 from prefzoo.algos.trust_region import TokenLoss
 from prefzoo.errors import ConfigError
-from prefzoo.objective import group_advantages, kl_loss, kl_penalty_rewards, masked_sum, ratio_statistics
+from prefzoo.objective import (group_advantages, high_entropy_mask, kl_loss, kl_penalty_rewards, masked_sum,
+                               off_policy_sequence_mask, ratio_statistics)
 from prefzoo.types import (NO_STEP, Experience, LossOutput, ObjectiveSettings, Policy, PromptBatch, Scorer,
                            StepContext)
 
-__all__ = ["OnlinePolicyGradient", "group_relative_advantages", "update_metrics", "add_kl_loss"]
+__all__ = ["OnlinePolicyGradient", "group_relative_advantages", "update_metrics", "mask_policy_term", "add_kl_loss"]
 
 
 def group_relative_advantages(algo: Algorithm, scored: ScoredSamples, penalty: Tensor, step: StepContext = NO_STEP
@@ -98,6 +99,37 @@ def update_metrics(logps: Tensor, old_logps: Tensor, mask: Tensor, clipped: Tens
     if entropy is not None:
         tokens["entropy"] = (float(masked_sum(entropy, mask)), float(mask.sum()))
     return metrics, tokens
+
+
+def mask_policy_term(cfg, per_token: Tensor, logps: Tensor, old_logps: Tensor, entropy: Tensor | None,
+                     batch: Experience, tokens: dict[str, tuple[float, float]]) -> Tensor:
+    """The member's per-token policy loss with the masks the config asks for, before the KL term is added (a masked
+    token still pays its KL, as in TRL 1.16):
+
+    * ``algo.off_policy_mask_threshold``: :func:`prefzoo.objective.off_policy_sequence_mask` against the log-probs the
+      rollout was drawn with: the engine's when it reported them (``batch.sample_logps``), else log pi_old; logs
+      ``frac_off_policy_masked`` (share of loss tokens dropped);
+    * ``algo.top_entropy_quantile`` < 1: :func:`prefzoo.objective.high_entropy_mask` over this micro-batch's loss
+      tokens; logs ``frac_low_entropy_masked``.
+
+    Shape: per_token, logps, old_logps, entropy (B, T) -> (B, T); ``tokens`` gains the (sum, count) pairs.
+
+    Raises:
+        ConfigError: the entropy mask on a policy that reports no entropy."""
+    mask = batch.loss_mask
+    keep = None
+    if cfg.off_policy_mask_threshold is not None:
+        sampling = batch.sample_logps.to(logps.dtype) if batch.sample_logps is not None else old_logps
+        keep, _ = off_policy_sequence_mask(logps, sampling, batch.advantages, mask, cfg.off_policy_mask_threshold)
+        tokens["frac_off_policy_masked"] = (float((mask & ~keep).sum()), float(mask.sum()))
+    if cfg.top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ConfigError(f"algo.top_entropy_quantile={cfg.top_entropy_quantile} needs the policy's per-token "
+                              "entropy, and this policy reports none; set it to 1.0.")
+        high = high_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
+        tokens["frac_low_entropy_masked"] = (float((mask & ~high).sum()), float(mask.sum()))
+        keep = high if keep is None else keep & high
+    return per_token if keep is None else torch.where(keep, per_token, torch.zeros_like(per_token))
 
 
 def add_kl_loss(per_token: Tensor, logps: Tensor, ref_logps: Tensor | None, mask: Tensor, beta: float,
@@ -137,12 +169,26 @@ class OnlinePolicyGradient(Algorithm):
     rollout_logps: bool = False
     rollout_teacher_logps: bool = False
 
+    def __init__(self, cfg, objective: ObjectiveSettings, sampling=None):
+        super().__init__(cfg, objective, sampling)
+        mode = self.sampling.correction.mode
+        if self.loss_takes_is_weights() and mode is not None and mode.startswith("sequence"):
+            raise ConfigError(f"rollout.correction.mode={mode} with algo.policy_loss={cfg.policy_loss}: the loss "
+                              "folds the sampler's per-token weights into its own sequence weight, and a sequence "
+                              "mode has already made them one; use token_truncate or token_mask (as TRL requires).")
+
     def declare(self) -> Declaration:
         """:func:`online_declaration` with the member's ``progress_keys``; the group is the baseline."""
         return online_declaration(self, self.progress_keys)
 
     def loss_mask(self, batch: Experience) -> Tensor:
         return batch.loss_mask
+
+    def loss_takes_is_weights(self) -> bool:
+        """Whether the member's ``token_loss`` weighs the sampler correction's importance weights itself (read from
+        ``batch.is_weights``; VESPO folds them into its sequence weight); else the body multiplies the advantages by
+        them (:func:`corrected_advantages`). False here."""
+        return False
 
     def stores_old_logps(self) -> bool:
         """Whether this plugin's rollouts keep log pi_old (:func:`stores_old_logps` of its epochs x mini-batches)."""
@@ -181,13 +227,15 @@ class OnlinePolicyGradient(Algorithm):
         advantages, extra = self.advantages(r, penalty, step)
         if advantages.dim() == 1:  # a sequence advantage on every token of its row
             advantages = torch.where(mask, advantages[:, None].float(), torch.zeros((), device=mask.device))
-        advantages = corrected_advantages(advantages.float(), r.is_weights)  # rollout.correction.mode
+        in_loss = self.loss_takes_is_weights()  # rollout.correction.mode: the loss's weights, or the advantages'
+        advantages = advantages.float() if in_loss else corrected_advantages(advantages.float(), r.is_weights)
         loss_mask = mask & ~r.samples.truncated[:, None] if c.mask_truncated else mask
         metrics = dict(r.metrics, non_score_reward=penalty.sum(-1).mean().item(), **extra, **dynamic)
         return Experience.from_samples(r.samples, rewards=r.rewards, advantages=advantages, loss_mask=loss_mask,
                                        old_logps=r.logps if self.stores_old_logps() or self.sampling.correction.bypass
                                        else None,
                                        sample_weights=r.is_weights if self.sampling.correction.weight_kl else None,
+                                       is_weights=r.is_weights if in_loss else None,
                                        ref_logps=r.ref_logps), metrics
 
     def loss(self, policy: Policy, batch: Experience, step: StepContext = NO_STEP) -> LossOutput:
@@ -199,6 +247,7 @@ class OnlinePolicyGradient(Algorithm):
                                          batch.old_logps is None, batch.completion_mask)
         metrics.update(out.metrics)
         tokens.update(out.tokens)
-        per_token = add_kl_loss(out.per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
+        per_token = mask_policy_term(self.cfg, out.per_token, logps, old_logps, entropy, batch, tokens)
+        per_token = add_kl_loss(per_token, logps, batch.ref_logps, mask, self.beta, self.objective, tokens,
                                 batch.sample_weights, old_logps)
         return LossOutput(per_token, mask, metrics, tokens)

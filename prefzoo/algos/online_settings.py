@@ -12,14 +12,17 @@ from prefzoo.errors import ConfigError
 from prefzoo.objective import ADVANTAGE_SCALES
 from prefzoo.types import ObjectiveSettings
 
-__all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "check_online_settings", "check_dynamic_sampling",
+__all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "check_online_settings", "check_policy_term_masks",
+           "check_dynamic_sampling",
            "check_adaptive_start", "check_group_relative_settings", "check_policy_clip", "stores_old_logps",
            "ZERO_SPREAD_STEPS", "zero_spread_warning", "MAXRL_WARNING", "online_declaration"]
 
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
-#: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean)
-AGGREGATION_OF = {"grpo": "sequence_mean", "dr_grpo": "constant", "dapo": "token_mean"}
+#: each sequence, then over sequences), Dr. GRPO (a constant: the generation budget), DAPO eq. 8 (token mean), LUSPO
+#: (each sequence's loss times its length: the per-token losses summed per sequence, then the mean over sequences;
+#: with ``algo=gspo`` this is LUSPO, TRL 1.16's ``loss_type="luspo"``)
+AGGREGATION_OF = {"grpo": "sequence_mean", "dr_grpo": "constant", "dapo": "token_mean", "luspo": "sequence_sum"}
 
 
 @dataclass
@@ -28,13 +31,19 @@ class OnlineConfig(AlgoConfig):
 
     Attributes:
         num_samples: G, completions sampled per prompt.
-        loss_aggregation: ``grpo`` | ``dr_grpo`` | ``dapo`` (:data:`AGGREGATION_OF`).
+        loss_aggregation: ``grpo`` | ``dr_grpo`` | ``dapo`` | ``luspo`` (:data:`AGGREGATION_OF`).
         epochs: passes over each rollout (GRPO's mu, TRL's ``num_iterations``).
         num_minibatches: optimizer steps per pass.
         mask_truncated: completions without EOS contribute no loss.
         dynamic_sampling: DAPO's dynamic sampling (:func:`dynamic_sampling`): groups whose rewards are all equal are
             dropped and more prompts drawn until the step holds ``trainer.batch_size`` informative groups.
         max_extra_draws: the cap on dynamic sampling's extra rounds per step (each of ``trainer.batch_size`` prompts).
+        off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask (None: off): a sequence with a negative
+            advantage whose mean per-token log(pi_sampling / pi_theta) exceeds it carries no policy term
+            (:func:`prefzoo.objective.off_policy_sequence_mask`; TRL 1.16's key, e.g. 0.5).
+        top_entropy_quantile: rho of "Beyond the 80/20 rule": only the tokens whose entropy is in the top rho
+            quantile of the micro-batch's counted tokens carry the policy term (:func:`prefzoo.objective.high_entropy_mask`;
+            1.0: every token, the default; the paper's 0.2; TRL 1.16's key).
     """
 
     # With the arithmetic task's exact-match reward, G = 4 and SmolLM2-135M: at temperature 1.0 only ~4% of samples
@@ -49,6 +58,8 @@ class OnlineConfig(AlgoConfig):
     mask_truncated: bool = False
     dynamic_sampling: bool = False
     max_extra_draws: int = 3
+    off_policy_mask_threshold: float | None = None
+    top_entropy_quantile: float = 1.0
 
 
 @dataclass
@@ -92,7 +103,24 @@ def check_online_settings(cfg: OnlineConfig, objective: ObjectiveSettings, min_s
                           "kl_placement=in_reward): a group of equal rewards still carries the KL penalty's "
                           "advantages, so dropping it would change the update; put the KL in the loss "
                           "(objective.kl_placement=as_loss) or set objective.beta=0.")
+    check_policy_term_masks(cfg)
     check_adaptive_start(objective)
+
+
+def check_policy_term_masks(cfg: OnlineConfig) -> None:
+    """``algo.off_policy_mask_threshold`` (None or > 0, nats per token) and ``algo.top_entropy_quantile`` (in [0, 1]).
+
+    Raises:
+        ConfigError: naming the key, its range and the paper's value.
+    """
+    t = cfg.off_policy_mask_threshold
+    if t is not None and not (isinstance(t, (int, float)) and 0 < t < float("inf")):
+        raise ConfigError(f"algo.off_policy_mask_threshold={t} must be a number > 0 (nats per token; TRL's example "
+                          "0.5) or null (off): at <= 0 even on-policy negative-advantage sequences could be dropped.")
+    q = cfg.top_entropy_quantile
+    if not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
+        raise ConfigError(f"algo.top_entropy_quantile={q} must be in [0, 1] (the share of the highest-entropy tokens "
+                          "that carry the policy loss; 1.0 = every token, the paper recommends 0.2).")
 
 
 def check_dynamic_sampling(cfg: OnlineConfig, why: str) -> None:

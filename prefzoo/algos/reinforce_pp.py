@@ -45,7 +45,8 @@ from prefzoo.algos.online import OnlinePolicyGradient
 from prefzoo.algos.online_sampling import ScoredSamples, place_rewards
 from prefzoo.algos.online_settings import (check_dynamic_sampling, check_online_settings,
                                            check_policy_clip, online_declaration)
-from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
+from prefzoo.algos.trust_region import (TokenLoss, TrustRegionConfig, check_trust_region, takes_is_weights,
+                                         trust_region_token_loss)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import TRUST_REGION_LOSSES, gae, group_advantages, masked_var, masked_whiten
 from prefzoo.types import Experience, ObjectiveSettings, StepContext
@@ -99,6 +100,9 @@ class ReinforcePP(OnlinePolicyGradient):
         returns, _ = gae(place_rewards(penalty, scores, scored.samples), torch.zeros_like(penalty), mask, 1.0, 1.0)
         advantages = masked_whiten(returns, mask, all_reduce=step.all_reduce)  # global batch statistics under DP
         return advantages, {"return_std": float(masked_var(returns, mask)) ** 0.5}
+
+    def loss_takes_is_weights(self) -> bool:
+        return takes_is_weights(self.cfg)
 
     def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         return trust_region_token_loss(self.cfg, logps, old_logps, batch)

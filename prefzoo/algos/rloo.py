@@ -52,7 +52,8 @@ from prefzoo.algos import register
 from prefzoo.algos.online import OnlinePolicyGradient
 from prefzoo.algos.online_sampling import ScoredSamples
 from prefzoo.algos.online_settings import check_online_settings, check_policy_clip
-from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
+from prefzoo.algos.trust_region import (TokenLoss, TrustRegionConfig, check_trust_region, takes_is_weights,
+                                         trust_region_token_loss)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (TRUST_REGION_LOSSES, leave_one_out_advantages, masked_sum,
                                sequence_clipped_surrogate_loss, sequence_log_ratio, weighted_policy_gradient_loss)
@@ -92,6 +93,9 @@ class RLOO(OnlinePolicyGradient):
     def advantages(self, scored: ScoredSamples, penalty: Tensor, step: StepContext) -> tuple[Tensor, dict[str, float]]:
         """A_i = R_i - mean of the other k - 1 R_j of its prompt, R = r + sum_t penalty_t. Shape (B,)."""
         return leave_one_out_advantages(scored.rewards + penalty.sum(-1), self.cfg.num_samples), {}
+
+    def loss_takes_is_weights(self) -> bool:
+        return takes_is_weights(self.cfg)
 
     def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         c, mask = self.cfg, batch.loss_mask

@@ -38,7 +38,8 @@ from prefzoo.algos.online import OnlinePolicyGradient
 from prefzoo.algos.online_sampling import ScoredSamples
 from prefzoo.algos.online_settings import (check_dynamic_sampling, check_online_settings, check_policy_clip,
                                            check_teacher, online_declaration)
-from prefzoo.algos.trust_region import TokenLoss, TrustRegionConfig, check_trust_region, trust_region_token_loss
+from prefzoo.algos.trust_region import (TokenLoss, TrustRegionConfig, check_trust_region, takes_is_weights,
+                                         trust_region_token_loss)
 from prefzoo.errors import ConfigError
 from prefzoo.objective import TRUST_REGION_LOSSES, gae, masked_sum, teacher_log_ratio_rewards
 from prefzoo.types import Experience, ObjectiveSettings, StepContext
@@ -101,6 +102,9 @@ class TeacherReward(OnlinePolicyGradient):
         returns, _ = gae(rewards + penalty, torch.zeros_like(penalty), mask, self.cfg.discount, 1.0)
         return returns, {"teacher_kl": float(-masked_sum(rewards, mask)) / count,
                          "teacher_logp": float(masked_sum(scored.teacher_logps, mask)) / count}
+
+    def loss_takes_is_weights(self) -> bool:
+        return takes_is_weights(self.cfg)
 
     def token_loss(self, logps: Tensor, old_logps: Tensor, batch: Experience) -> TokenLoss:
         return trust_region_token_loss(self.cfg, logps, old_logps, batch)

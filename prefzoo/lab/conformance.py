@@ -216,13 +216,28 @@ def zoo_2026_cases(beta: float = BETA, group: int = GROUP) -> list[Case]:
     pi* is their fixed point, as it is the clip's. k3 as a loss with ``kl_bias_correction``: the term's expected
     gradient is the reverse KL's (:func:`prefzoo.objective.kl_loss`), so the fixed point moves from the forward-KL
     optimum (the plain k3 row above) to pi* at beta G/(G-1). MaxRL: :func:`~prefzoo.lab.oracles.maxrl_fixed_point`,
-    the exact population fixed point (every group of G enumerated: the random 1/mean included)."""
+    the exact population fixed point (every group of G enumerated: the random 1/mean included). VESPO, the two-sided
+    clip, the off-policy sequence mask and LUSPO: with every advantage 0 at pi*, each one's gradient is 0 there too,
+    so pi* stays their fixed point (the bed shows the options do not move it; what they change is the path, on the
+    later mini-batches; LUSPO's length weight is 1 for the bed's one-token responses). The high-entropy token mask
+    is reported, not asserted: it drops whole prompts here (see its row)."""
     c = group / (group - 1)
     k1r = dict(kl_estimator="k1", kl_placement="in_reward")
     star = lambda b: optimal_policy(b.ref_probs, b.rewards, beta)  # noqa: E731
     grouped = dict(num_samples=group, scale_rewards="none", num_minibatches=4)
     cases = [Case(f"GRPO {loss} k1 in reward, 4 mini-batches", "grpo", dict(grouped, policy_loss=loss), k1r, "pi*",
-                  star) for loss in ("dppo_tv", "dppo_kl", "sapo", "dro")]
+                  star) for loss in ("dppo_tv", "dppo_kl", "sapo", "dro", "vespo")]
+    options = {"two-sided clip (clip_delta 1.5)": dict(clip_delta=1.5),
+               "off-policy sequence mask (0.05)": dict(off_policy_mask_threshold=0.05)}
+    cases += [Case(f"GRPO {name}, k1 in reward, 4 mini-batches", "grpo", dict(grouped, **extra), k1r, "pi*", star)
+              for name, extra in options.items()]
+    cases += [Case("GRPO high-entropy tokens (top_entropy_quantile 0.2), k1 in reward, 4 mini-batches", "grpo",
+                   dict(grouped, top_entropy_quantile=0.2), k1r,
+                   "pi* only for the prompts whose tokens reach the batch's top 20% of entropies; here a prompt's "
+                   "samples share one entropy (one-token responses), so whole prompts are in or out, and a prompt "
+                   "that never ranks high never moves", star, claim="report")]
+    cases += [Case("GSPO loss_aggregation=luspo, k1 in reward, 4 mini-batches", "gspo",
+                   dict(grouped, loss_aggregation="luspo"), k1r, "pi*", star)]
     cases += [
         Case("GRPO k3 as loss, bias-corrected", "grpo", dict(num_samples=group, scale_rewards="none"),
              dict(kl_estimator="k3", kl_placement="as_loss", kl_bias_correction=True),

@@ -207,6 +207,8 @@ class Experience(SequenceBatch):
         returns: Shape (B, T) float32, value targets (PPO), or None.
         sample_weights: Shape (B, T) float32, the sampler correction's importance weights when they also weight the
             KL-as-loss term (``rollout.correction.weight_kl``; the advantages carry them already), or None.
+        is_weights: Shape (B, T) float32, the sampler correction's importance weights for a loss that weighs them
+            itself (VESPO folds them into its sequence weight; the advantages then do NOT carry them), or None.
     """
 
     rewards: Tensor | None = None
@@ -217,6 +219,7 @@ class Experience(SequenceBatch):
     old_values: Tensor | None = None
     returns: Tensor | None = None
     sample_weights: Tensor | None = None
+    is_weights: Tensor | None = None
 
     @classmethod
     def from_samples(cls, samples: SequenceBatch, **fields) -> "Experience":
