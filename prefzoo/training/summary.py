@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from prefzoo.evaluation.ood import OOD_RESULTS
-from prefzoo.training.names import task_name
+from prefzoo.training.names import algo_name, task_name
 
 __all__ = ["RESULT_KEYS", "results_block", "make_summary", "print_eval", "print_change"]
 
@@ -66,7 +66,7 @@ def make_summary(cfg, trainer, before, after, last, seconds, stop_reason, weight
     measured on."""
     strip = lambda d: {k: v for k, v in (d or {}).items() if not k.endswith("examples")}  # noqa: E731
     return {
-        "algo": cfg.algo.name, "model": cfg.model.name, "data": cfg.data.name, "reward": cfg.reward.name,
+        "algo": algo_name(cfg.algo), "model": cfg.model.name, "data": cfg.data.name, "reward": cfg.reward.name,
         "task": task_name(cfg.data), "env": cfg.env.name,
         "algo_settings": dataclasses.asdict(cfg.algo) if dataclasses.is_dataclass(cfg.algo) else dict(cfg.algo),
         "gold_reward": list(cfg.eval.gold_reward.functions) or None,
