@@ -67,7 +67,8 @@ class GroupRelativeConfig(OnlineConfig):
     Attributes:
         scale_rewards: ``group`` | ``batch`` | ``none`` | ``mean`` (:data:`prefzoo.objective.ADVANTAGE_SCALES`).
         advantage_eps: added to the denominator before dividing (the std; MaxRL's mean); null: the method's own,
-            :data:`ADVANTAGE_EPS` (1e-4 for a std, as TRL; 1e-6 for MaxRL's mean, as its authors).
+            :data:`ADVANTAGE_EPS` (1e-4 for a std, as TRL; 1e-6 for MaxRL's mean, as its authors), filled in when the
+            config is built (``__post_init__``), so the run's config.yaml and its checkpoints record the number used.
     """
 
     default_beta: float = 0.0
@@ -76,10 +77,15 @@ class GroupRelativeConfig(OnlineConfig):
     scale_rewards: str = "group"
     advantage_eps: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.advantage_eps is None:  # an unknown scale_rewards stays null: check_group_relative_settings refuses it
+            self.advantage_eps = ADVANTAGE_EPS.get(self.scale_rewards)
+
 
 def advantage_eps(cfg: GroupRelativeConfig) -> float:
     """The eps :func:`prefzoo.objective.group_advantages` adds to its denominator: ``algo.advantage_eps``, or when it is
-    null the method's own for ``algo.scale_rewards`` (:data:`ADVANTAGE_EPS`)."""
+    null (a config whose null was set after it was built) the method's own for ``algo.scale_rewards``
+    (:data:`ADVANTAGE_EPS`)."""
     return ADVANTAGE_EPS[cfg.scale_rewards] if cfg.advantage_eps is None else cfg.advantage_eps
 
 

@@ -107,7 +107,8 @@ def test_maxrl_takes_its_authors_eps_by_default():
     per_row = torch.tensor([2.99998800004800, *[-0.99999600001600] * 3], dtype=torch.float64)
     torch.testing.assert_close(exp.advantages[:4, 0].double(), per_row, rtol=2 * U32, atol=0)
     assert torch.equal(exp.advantages[4:], torch.zeros(4, 3))
-    assert make(num_samples=4).cfg.advantage_eps is None  # "the method's own": 1e-4 for a std (the test above)
+    assert make(num_samples=4, scale_rewards="mean").cfg.advantage_eps == 1e-6  # filled in: config.yaml records it
+    assert make(num_samples=4).cfg.advantage_eps == 1e-4  # the std's (the test above)
 
 
 def test_single_iteration_ratio_is_exactly_one_and_loss_is_minus_advantage():

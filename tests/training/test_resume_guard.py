@@ -179,6 +179,25 @@ def test_a_default_run_made_before_its_preset_was_named_resumes_as_rpo(tmp_path)
         check_run_config(now, tmp_path, tmp_path / "checkpoints" / "step-000001", saved)
 
 
+def test_a_group_relative_run_made_before_advantage_eps_was_the_methods_own(tmp_path):
+    """``algo.advantage_eps`` was 1e-4 for every scale; null now means the method's own, filled in when the config is
+    built. A GRPO checkpoint of before (1e-4, the group std's eps now too) resumes; a MaxRL one (scale_rewards=mean,
+    1e-4 then, 1e-6 now: another update) is refused naming both values, as any changed setting."""
+    from prefzoo.algos.grpo import GRPOConfig
+    from prefzoo.training.resume import check_run_config, run_config
+
+    def grpo(**algo):
+        cfg = config(resume=True)
+        cfg.algo = GRPOConfig(**algo)
+        return cfg
+
+    folder = tmp_path / "checkpoints" / "step-000001"
+    check_run_config(grpo(), tmp_path, folder, run_config(grpo(advantage_eps=1e-4)))
+    saved = run_config(grpo(scale_rewards="mean", advantage_eps=1e-4))
+    with pytest.raises(ConfigError, match=r"algo\.advantage_eps: 0\.0001 \(checkpoint\) vs 1e-06 \(now\)"):
+        check_run_config(grpo(scale_rewards="mean"), tmp_path, folder, saved)
+
+
 # ------------------------------------------------------------------ item 7: the learning rate on resume
 def test_a_changed_learning_rate_is_refused(run_dir):
     """Before the fix: trainer.lr=1e-3 was ignored (step 3 logged lr 0.0, the old schedule's) while config.yaml said
