@@ -152,8 +152,9 @@ def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | 
     labels = dict(zip((id(r) for r in runs), run_labels(runs, shown, named=True) if shown else
                       [str(r["summary"].get("algo")) for r in runs]))
 
-    def named(first: str, where: tuple) -> str:
-        return " · ".join([first, *([str(where[0])] if tasks else []), *([f"env={where[1]}"] if envs else [])])
+    def named(first: str, where: tuple) -> str:  # an unknown task or environment (a run of an earlier prefzoo): "?"
+        task, env = ("?" if w is None else str(w) for w in where)
+        return " · ".join([first, *([task] if tasks else []), *([f"env={env}"] if envs else [])])
 
     for run in runs:
         kl, reward = metric(run, "kl_k1"), metric(run, name)
