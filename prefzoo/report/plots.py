@@ -128,8 +128,10 @@ def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = (), na
 
 #: keys whose values make another task or environment: the frontier's legend names them, not its point labels
 CONTEXT_KEYS = ("env", "data", "data.task", "data.path", "data.digits", "data.ops", "data.word_problems")
-#: the line style of each (task, environment) of a frontier, in sorted order (the colour is the algorithm's)
+#: the line style of each (task, environment) of a frontier, in sorted order (the colour is the algorithm's), and the
+#: marker of its policy before training
 CONTEXT_STYLES = ("-", ":", "-.", (0, (5, 1, 1, 1)))
+REFERENCE_MARKERS = ("*", "P", "X", "h")
 
 
 def frontier_contexts(runs: list[dict]) -> tuple[dict[int, tuple], bool, bool]:
@@ -172,8 +174,9 @@ def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | 
     order = sorted({k[1:] for k in series} | set(reference), key=str)  # the (task, env) pairs: one line style each
     for where, points in sorted(reference.items(), key=lambda item: str(item[0])):
         # one star per task and environment, under the runs' points: every run of a sweep starts from one policy
-        ax.plot([sum(p[0] for p in points) / len(points)], [sum(p[1] for p in points) / len(points)], "*",
-                color="0.6", ms=14, zorder=1, label=named("before training (π_ref)", where))
+        marker = REFERENCE_MARKERS[order.index(where) % len(REFERENCE_MARKERS)]
+        ax.plot([sum(p[0] for p in points) / len(points)], [sum(p[1] for p in points) / len(points)], marker,
+                color="0.6", ms=14 if marker == "*" else 10, zorder=1, label=named("before training (π_ref)", where))
     style = algo_styles(runs)
     for (algo, *where), points in sorted(series.items(), key=lambda item: str(item[0])):
         points.sort()
@@ -568,7 +571,7 @@ CAPTIONS = {
                         "load.",
     "frontier": "Reward–KL frontier: each run's reward after training against d = sqrt(KL(π ‖ π_ref)) on held-out "
                 "samples, one line per algorithm, task and environment (best-of-n: analytic KL; a k1 estimate below 0 "
-                "is drawn at d = 0); the star is the policy before training (one per task and environment).",
+                "is drawn at d = 0); the grey star is the policy before training (one marker per task and environment).",
     "overoptimisation": "Gold (top) and proxy (bottom) reward against d = sqrt(KL): best-of-n (left, one point per n) "
                         "and RL (right, one point per evaluation during training), with the least-squares fits of "
                         "Gao et al. 2023; dashed verticals: where each series' gold peaks (measured), drawn in the "
