@@ -34,6 +34,7 @@ import logging
 from pathlib import Path
 
 from prefzoo.errors import ConfigError, PrefzooError, UserCodeError, describe_error, user_code_frame
+from prefzoo.training.names import algo_name
 
 __all__ = ["RunResult", "train", "load_policy"]
 
@@ -210,7 +211,7 @@ def train(overrides, run_dir: str | Path | None = None) -> RunResult:
     typed = checked.config
     check_data(typed, checked.algo.declaration)  # a bad data file fails here, in seconds
     if run_dir is None:
-        run_dir = Path(hydra_node.run.dir) if hydra_node is not None else default_run_dir(typed.algo.name)
+        run_dir = Path(hydra_node.run.dir) if hydra_node is not None else default_run_dir(algo_name(typed.algo))
     summary, out = _train_in(checked, Path(run_dir), task_cfg, hydra_node, words)
     return RunResult(run_dir=out, summary=summary, metrics=dict(summary.get("results") or {}))
 

@@ -79,8 +79,10 @@ def register_configs() -> None:
     ``prefzoo.algorithms`` entry-point group, which become ``algo=<name>`` without a yaml)."""
     from prefzoo.algos import REGISTRY, entry_point_algorithms, get_algorithm
     from prefzoo.report.sweep_dirs import register_resolver
+    from prefzoo.training.names import register_algo_name_resolver
 
     register_resolver()  # ${prefzoo.job_dirname:} in hydra.sweep.subdir (conf/config.yaml)
+    register_algo_name_resolver()  # ${prefzoo.algo_name:} in hydra.run.dir
     extra = {}
     for name in entry_point_algorithms():
         if name not in REGISTRY:

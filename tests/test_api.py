@@ -310,6 +310,27 @@ def test_train_takes_a_config_built_in_python(tmp_path):
         prefzoo.train(cfg, run_dir=tmp_path / "bad")
 
 
+def test_the_default_run_is_named_by_the_algorithm_chosen(tmp_path, monkeypatch, capsys):
+    """The default algorithm is RPO (conf/config.yaml ``algo: rpo``: the DPO plugin with ``loss_type=[sigmoid, sft]``,
+    conf/algo/rpo.yaml). Its run folder (Hydra's ``outputs/<date>/<time>-<algo>``), summary.json's ``algo`` and the
+    progress bar say ``rpo``, the algorithm the user ran; its config records the plugin it runs (``algo.name: dpo``).
+    One step on the tiny model, no evaluation. Failing values before: a folder ``...-dpo``, ``algo`` 'dpo', the bar
+    'dpo: 100%'."""
+    from tests.test_cli import FIXTURE
+
+    monkeypatch.chdir(tmp_path)
+    result = prefzoo.train(["model=tiny", "data=file", f"data.path={ROOT / FIXTURE}", "data.max_length=96",
+                            "data.max_prompt_length=64", "model.lora.r=4", "trainer.max_steps=1", "trainer.batch_size=2",
+                            "trainer.device=cpu", "trainer.save_every=0", "trainer.report_to=[none]",
+                            "trainer.num_threads=1", "eval.before=false", "eval.after=false"])
+    run = Path(result.run_dir)
+    assert run.parts[0] == "outputs" and run.name.endswith("-rpo"), run
+    assert result.summary["algo"] == "rpo" and json.loads((tmp_path / run / "summary.json").read_text())["algo"] == "rpo"
+    settings = result.summary["algo_settings"]
+    assert (settings["name"], settings["loss_type"]) == ("dpo", ["sigmoid", "sft"])
+    assert "rpo: 100%" in capsys.readouterr().err
+
+
 def python_blocks(markdown: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
 

@@ -212,6 +212,8 @@ CONFIG_CASES = [
      "rollout.correction.bypass=true corrects for a sampler that is not the trainer"),
     (["algo=grpo", "algo.advantage_eps=-0.001"], "algo.advantage_eps=-0.001 must be >= 0"),
     (["algo=cispo", "algo.advantage_eps=-1"], "algo.advantage_eps=-1"),
+    # the run's name (issue 48): it names the run folder, so no path
+    (["algo=rpo", "algo.preset=../rpo"], "algo.preset='../rpo' names the run (its folder"),
     (["algo=sft", "model.lora.modules_to_save=[lm_head]", "objective.kl_budget=1.0", "eval.every=1"],
      "objective.kl_budget is set, but this run has no reference to measure KL against"),
     (["algo=sft", "model.lora.enabled=false", "trainer.early_stopping.metric=kl_k1", "eval.every=1"],

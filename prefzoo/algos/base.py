@@ -79,7 +79,11 @@ class AlgoConfig:
     """Settings shared by every algorithm; each plugin subclasses it with its own fields and defaults.
 
     Attributes:
-        name: the registry name (``algo=<name>``).
+        name: the registry name of the plugin that runs (``algo=<name>``).
+        preset: the name of a ``conf/algo/`` preset of another plugin, the algorithm the user chose (``algo=rpo``: the
+            DPO plugin with ``loss_type=[sigmoid, sft]``, ``preset: rpo``); None: the plugin's own name. The run
+            folder, summary.json's ``algo`` and the progress bar name the run by it
+            (:func:`prefzoo.training.names.algo_name`); the plugin, its checks and resuming go by ``name``.
         target: a user's own plugin, by import path (``algo=custom algo.target=my_pkg.algos:MyAlgo``); None for
             the built-in and installed ones.
         default_beta: beta when ``objective.beta`` is null.
@@ -90,6 +94,7 @@ class AlgoConfig:
     """
 
     name: str = "???"
+    preset: Optional[str] = None  # a conf/algo preset of the plugin (algo=rpo: the DPO plugin); the run's name
     target: Optional[str] = None  # algo=custom: the plugin's import path, e.g. my_pkg.algos:MyAlgo
     default_beta: float = 0.1
     default_kl_estimator: str = "k1"

@@ -57,7 +57,7 @@ from torch import Tensor
 from prefzoo.algos.base import Algorithm, Declaration
 from prefzoo.algos.online_sampling import (ScoredSamples, corrected_advantages, drift_metrics, dynamic_sampling,
                                            sample_and_score)
-from prefzoo.algos.online_settings import online_declaration, stores_old_logps
+from prefzoo.algos.online_settings import advantage_eps, online_declaration, stores_old_logps
 from prefzoo.algos.trust_region import TokenLoss
 from prefzoo.errors import ConfigError
 from prefzoo.objective import (group_advantages, high_entropy_mask, kl_loss, kl_penalty_rewards, masked_sum,
@@ -74,14 +74,15 @@ def group_relative_advantages(algo: Algorithm, scored: ScoredSamples, penalty: T
 
         A_i = (R_i - mean of R over its group) / (std of R over its group + eps),   R_i = r_i + sum_t penalty_{i,t}
 
-    scaled as ``algo.cfg.scale_rewards`` says (:func:`prefzoo.objective.group_advantages`). Shape (B,). Under data
-    parallelism ``scale_rewards=batch``'s std is the global batch's (``step.all_reduce``)."""
+    scaled as ``algo.cfg.scale_rewards`` says (:func:`prefzoo.objective.group_advantages`), eps as
+    :func:`~prefzoo.algos.online_settings.advantage_eps` says. Shape (B,). Under data parallelism
+    ``scale_rewards=batch``'s std is the global batch's (``step.all_reduce``)."""
     c = algo.cfg
     shaped = scored.rewards + penalty.sum(-1)
     extra = {}
     if c.scale_rewards == "mean":  # MaxRL: a group of mean <= 0 gets advantage 0 (MAXRL_WARNING watches the share)
         extra["frac_nonpositive_groups"] = (shaped.view(-1, c.num_samples).mean(-1) <= 0).float().mean().item()
-    return group_advantages(shaped, c.num_samples, c.scale_rewards, c.advantage_eps, all_reduce=step.all_reduce), extra
+    return group_advantages(shaped, c.num_samples, c.scale_rewards, advantage_eps(c), all_reduce=step.all_reduce), extra
 
 
 # -------------------------------------------------------------------------------------------------- the loss

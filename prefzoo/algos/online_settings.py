@@ -15,7 +15,8 @@ from prefzoo.types import ObjectiveSettings
 __all__ = ["AGGREGATION_OF", "OnlineConfig", "GroupRelativeConfig", "check_online_settings", "check_policy_term_masks",
            "check_dynamic_sampling",
            "check_adaptive_start", "check_group_relative_settings", "check_policy_clip", "stores_old_logps",
-           "ZERO_SPREAD_STEPS", "zero_spread_warning", "MAXRL_WARNING", "online_declaration"]
+           "ZERO_SPREAD_STEPS", "zero_spread_warning", "MAXRL_WARNING", "online_declaration", "ADVANTAGE_EPS",
+           "advantage_eps"]
 
 
 #: ``algo.loss_aggregation`` -> the loss reduction (:data:`prefzoo.objective.AGGREGATIONS`): GRPO eq. 3 (mean over
@@ -62,21 +63,41 @@ class OnlineConfig(AlgoConfig):
     top_entropy_quantile: float = 1.0
 
 
+#: ``algo.advantage_eps``'s default (null) per ``algo.scale_rewards``: what each method's own code adds to the
+#: denominator. A standard deviation (``group``, ``batch``): 1e-4, TRL's ``GRPOTrainer``. MaxRL's mean (``mean``): 1e-6,
+#: the authors' code (Tajwar et al. 2026, their verl ``compute_maxrl_outcome_advantage``), where 1e-4 is not negligible:
+#: one right answer of four gives A = 0.75 / (0.25 + 1e-4) = 2.9988 instead of 2.99999. ``none`` divides by nothing.
+ADVANTAGE_EPS = {"group": 1e-4, "batch": 1e-4, "mean": 1e-6, "none": 0.0}
+
+
 @dataclass
 class GroupRelativeConfig(OnlineConfig):
     """The config of the members whose advantage is GRPO's group-relative one (GRPO, GSPO, CISPO), with their common
     defaults: no KL term (beta = 0: DeepSeek-R1, Dr. GRPO, DAPO, GSPO and CISPO drop it); with beta > 0, k3 as a loss.
 
     Attributes:
-        scale_rewards: ``group`` | ``batch`` | ``none`` (:data:`prefzoo.objective.ADVANTAGE_SCALES`).
-        advantage_eps: added to the std before dividing.
+        scale_rewards: ``group`` | ``batch`` | ``none`` | ``mean`` (:data:`prefzoo.objective.ADVANTAGE_SCALES`).
+        advantage_eps: added to the denominator before dividing (the std; MaxRL's mean); null: the method's own,
+            :data:`ADVANTAGE_EPS` (1e-4 for a std, as TRL; 1e-6 for MaxRL's mean, as its authors), filled in when the
+            config is built (``__post_init__``), so the run's config.yaml and its checkpoints record the number used.
     """
 
     default_beta: float = 0.0
     default_kl_estimator: str = "k3"
     default_kl_placement: str = "as_loss"
     scale_rewards: str = "group"
-    advantage_eps: float = 1e-4
+    advantage_eps: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.advantage_eps is None:  # an unknown scale_rewards stays null: check_group_relative_settings refuses it
+            self.advantage_eps = ADVANTAGE_EPS.get(self.scale_rewards)
+
+
+def advantage_eps(cfg: GroupRelativeConfig) -> float:
+    """The eps :func:`prefzoo.objective.group_advantages` adds to its denominator: ``algo.advantage_eps``, or when it is
+    null (a config whose null was set after it was built) the method's own for ``algo.scale_rewards``
+    (:data:`ADVANTAGE_EPS`)."""
+    return ADVANTAGE_EPS[cfg.scale_rewards] if cfg.advantage_eps is None else cfg.advantage_eps
 
 
 def check_online_settings(cfg: OnlineConfig, objective: ObjectiveSettings, min_samples: int = 1,
@@ -175,7 +196,8 @@ def check_group_relative_settings(cfg: GroupRelativeConfig, objective: Objective
         ConfigError: the first bad value, naming its key and the valid values.
     """
     check_online_settings(cfg, objective, min_samples=2, why="the group is the baseline")
-    check_range(cfg, ("advantage_eps",), lambda v: v >= 0, ">= 0 (it is added to the group's std)")
+    check_range(cfg, ("advantage_eps",), lambda v: v is None or v >= 0,
+                ">= 0 (it is added to the std, or MaxRL's mean; null: 1e-4 for a std, 1e-6 for the mean)")
     if cfg.scale_rewards not in ADVANTAGE_SCALES:
         raise ConfigError(f"algo.scale_rewards={cfg.scale_rewards!r}; choose one of {', '.join(ADVANTAGE_SCALES)}.")
 

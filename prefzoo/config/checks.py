@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterator
 
 from prefzoo.config.schema import Config, CorrectionConfig, VLLMConfig, resolve_defaults
@@ -62,6 +63,7 @@ def validate(cfg: Config) -> Config:
     ``validate_settings``."""
     resolve_defaults(cfg)
     check_finite(cfg)  # NaN / inf in any float key
+    _check_algo_name(cfg)
     _check_objective(cfg)
     _check_model(cfg)
     _check_data(cfg)
@@ -70,6 +72,15 @@ def validate(cfg: Config) -> Config:
     _check_reward(cfg)
     _check_env(cfg)
     return cfg
+
+
+def _check_algo_name(cfg: Config) -> None:
+    """``algo.preset``, the run's name (its folder ``outputs/<date>/<time>-<preset>``, summary.json's ``algo``): a plain
+    name, no path."""
+    preset = cfg.algo.preset
+    if preset is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(preset)):
+        raise ConfigError(f"algo.preset={preset!r} names the run (its folder, summary.json's algo): use letters, "
+                          "digits, '_', '.' or '-' (e.g. algo.preset=rpo), or algo.preset=null for the plugin's name.")
 
 
 def _check_objective(cfg: Config) -> None:

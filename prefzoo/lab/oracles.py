@@ -153,7 +153,7 @@ def grpo_group_std_target(bandit: TabularBandit, beta: float, group: int, iters:
     return pi
 
 
-def maxrl_fixed_point(bandit: TabularBandit, beta: float, group: int = 4, eps: float = 1e-4, iters: int = 20000,
+def maxrl_fixed_point(bandit: TabularBandit, beta: float, group: int = 4, eps: float = 1e-6, iters: int = 20000,
                       tol: float = 1e-11) -> Tensor:
     """EXACT population fixed point of GRPO with MaxRL's advantage and k2 as a loss on the single-token bed.
 
@@ -167,7 +167,8 @@ def maxrl_fixed_point(bandit: TabularBandit, beta: float, group: int = 4, eps: f
     difference from pi_ref (a vector field, not a gradient: MaxRL's update is the gradient of no scalar here) until
     its largest component is below ``tol``. This is the random 1/m that the earlier self-consistent approximation
     (pi* at beta (G/(G-1)) E_pi[r]) ignored. ``beta`` is the run's beta: the group's (G-1)/G shrinkage is in the
-    enumeration. Shape (P, K) float64.
+    enumeration; ``eps`` the run's ``algo.advantage_eps`` (1e-6: MaxRL's own, the plugin's default). Shape (P, K)
+    float64.
 
     Raises:
         RuntimeError: the iteration did not reach ``tol`` (the message gives the residual).

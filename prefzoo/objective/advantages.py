@@ -95,7 +95,9 @@ def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
     (G-1)/G factor): the update follows the log of the expected reward (for a 0/1 reward, the log pass rate: the
     maximum-likelihood objective of the correct answer), so the prompts a policy rarely solves weigh more. A group
     whose mean is <= 0 gets advantage 0: for 0/1 rewards it is all wrong (no signal), and a negative mean would flip
-    the advantages' signs (prime-rl sets them to 0 likewise; SkyRL divides by mean + 1e-6 whatever its sign).
+    the advantages' signs (prime-rl sets them to 0 likewise; SkyRL divides by mean + 1e-6 whatever its sign). The
+    authors' code divides by mean + 1e-6 (eps enters the denominator as here); prefzoo's plugins pass that eps for
+    MaxRL and 1e-4 for a std (:data:`prefzoo.algos.online_settings.ADVANTAGE_EPS`): this function takes eps as given.
 
     Robustness: the centring is done in float64, and a group whose rewards differ by at most
     8 ulps (of float32, or of float64 for float64 rewards; relative to the group's largest
@@ -124,7 +126,8 @@ def group_advantages(rewards: torch.Tensor, num_samples: int, scale: str,
     Source: Shao et al. 2024, "DeepSeekMath", sec. 4.1.2 (outcome supervision: the normalised
     reward is the advantage of every token), used in the GRPO objective eq. 3; Liu et al. 2025,
     "Understanding R1-Zero-Like Training: A Critical Perspective" (Dr. GRPO: no std division);
-    Maximum Likelihood Reinforcement Learning (MaxRL, 2026) for scale="mean", as prime-rl and SkyRL ship it.
+    Tajwar et al. 2026, "Maximum Likelihood Reinforcement Learning" (MaxRL) for scale="mean", as the authors' code,
+    prime-rl and SkyRL ship it.
     """
     eps = _check_group_rewards(rewards, num_samples, scale, eps)
     r = rewards.detach().double().view(-1, num_samples)

@@ -1,12 +1,13 @@
 """Compare runs: ``python -m prefzoo.report DIR`` turns a folder of runs (a Hydra multirun) into a table and plots.
 
 It reads every ``summary.json`` under DIR and each run's ``.hydra/overrides.yaml``; the overrides whose
-values differ between runs are the swept settings and become the table's first columns. It writes
+values differ between runs are the swept settings and become the table's first columns (an eval-only run's
+``trainer.max_steps=0`` sweeps nothing). It writes
 
 * ``report.md`` — one row per run: swept values, then the evaluation after training (± standard error),
   KL to the reference, diversity and times, with a legend saying what each column measures;
-* ``frontier.png`` — reward against d = sqrt(KL to the reference) per algorithm (the reward-KL frontier;
-  Gao et al. 2023 plot reward against d), the reference policy at d = 0;
+* ``frontier.png`` — reward against d = sqrt(KL to the reference), one line per algorithm, task and environment (the
+  reward-KL frontier; Gao et al. 2023 plot reward against d), the reference policy at d = 0;
 * ``<metric>_vs_<setting>.png`` — each headline metric against each numeric swept setting, one line per
   value of the other swept settings (a log axis when the setting spans a factor of 10 or more);
 * ``diversity_vs_<setting>.png`` — distinct-1/2, entropy and KL against a numeric swept setting (Kirk et al.

@@ -126,33 +126,63 @@ def run_labels(runs: list[dict], keys: list[str], skip: tuple[str, ...] = (), na
     return out
 
 
+#: keys whose values make another task or environment: the frontier's legend names them, not its point labels
+CONTEXT_KEYS = ("env", "data", "data.task", "data.path", "data.digits", "data.ops", "data.word_problems")
+#: the line style of each (task, environment) of a frontier, in sorted order (the colour is the algorithm's), and the
+#: marker of its policy before training
+CONTEXT_STYLES = ("-", ":", "-.", (0, (5, 1, 1, 1)))
+REFERENCE_MARKERS = ("*", "P", "X", "h")
+
+
+def frontier_contexts(runs: list[dict]) -> tuple[dict[int, tuple], bool, bool]:
+    """Each run's (task, environment) (``load_runs``' ``task`` and ``env``; None where unknown), by ``id(run)``, and
+    whether the runs span more than one task / more than one environment (then the frontier's legend says which)."""
+    context = {id(r): (r.get("task"), r.get("env")) for r in runs}
+    return (context, len({c[0] for c in context.values()}) > 1, len({c[1] for c in context.values()}) > 1)
+
+
 def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | None:
-    """Reward after training against sqrt(KL to the reference), one series per algorithm, each point labelled
-    with its other swept values; the reference policy (the runs' evaluations before training, best-of-1) at d = 0."""
+    """Reward after training against sqrt(KL to the reference), one line per algorithm, task and environment (the
+    rewards of two tasks or environments are not on one scale: a line never joins them; the legend names the task and
+    the environment where the runs span several, ``grpo · arithmetic 3-digit * · env=calculator``), each point labelled
+    with its other swept values; the reference policy (the runs' evaluations before training, best-of-1) at d = 0, one
+    star per task and environment."""
     name = _frontier_reward(runs)
-    series, reference = defaultdict(list), []
-    others = [k for k in keys if k != "algo"]
-    labels = dict(zip((id(r) for r in runs), run_labels(runs, others, named=True) if others else
+    series, reference = defaultdict(list), defaultdict(list)
+    context, tasks, envs = frontier_contexts(runs)
+    shown = [k for k in keys if k != "algo" and not (k in CONTEXT_KEYS and (tasks or envs))]
+    labels = dict(zip((id(r) for r in runs), run_labels(runs, shown, named=True) if shown else
                       [str(r["summary"].get("algo")) for r in runs]))
+
+    def named(first: str, where: tuple) -> str:  # an unknown task or environment (a run of an earlier prefzoo): "?"
+        task, env = ("?" if w is None else str(w) for w in where)
+        return " · ".join([first, *([task] if tasks else []), *([f"env={env}"] if envs else [])])
+
     for run in runs:
         kl, reward = metric(run, "kl_k1"), metric(run, name)
+        where = context[id(run)]
         if is_number(kl) and is_number(reward):
-            series[run["summary"].get("algo", "?")].append((math.sqrt(max(kl, 0.0)), reward, labels[id(run)]))
+            series[(str(run["summary"].get("algo", "?")), *where)].append(
+                (math.sqrt(max(kl, 0.0)), reward, labels[id(run)]))
         kl0, reward0 = metric(run, "kl_k1", "eval_before"), metric(run, name, "eval_before")
         if is_number(kl0) and is_number(reward0):
-            reference.append((math.sqrt(max(kl0, 0.0)), reward0))
+            reference[where].append((math.sqrt(max(kl0, 0.0)), reward0))
     if not series:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    if reference:  # one star, under the runs' points: every run of a sweep starts from the same policy
-        ax.plot([sum(p[0] for p in reference) / len(reference)], [sum(p[1] for p in reference) / len(reference)],
-                "*", color="0.6", ms=14, zorder=1, label="before training (π_ref)")
+    order = sorted({k[1:] for k in series} | set(reference), key=str)  # the (task, env) pairs: one line style each
+    for where, points in sorted(reference.items(), key=lambda item: str(item[0])):
+        # one star per task and environment, under the runs' points: every run of a sweep starts from one policy
+        marker = REFERENCE_MARKERS[order.index(where) % len(REFERENCE_MARKERS)]
+        ax.plot([sum(p[0] for p in points) / len(points)], [sum(p[1] for p in points) / len(points)], marker,
+                color="0.6", ms=14 if marker == "*" else 10, zorder=1, label=named("before training (π_ref)", where))
     style = algo_styles(runs)
-    for algo, points in sorted(series.items()):
+    for (algo, *where), points in sorted(series.items(), key=lambda item: str(item[0])):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], ls="--" if algo == "bon" else "-", zorder=2,
-                label=algo, **style[algo])
+        line = CONTEXT_STYLES[order.index(tuple(where)) % len(CONTEXT_STYLES)]
+        ax.plot([p[0] for p in points], [p[1] for p in points], zorder=2, label=named(algo, tuple(where)),
+                ls="--" if algo == "bon" and line == "-" else line, **style[algo])
     ax.set_xlabel(D_LABEL)
     ax.set_ylabel(("mean reward of temperature-1 samples" if name == "sample_reward" else "reward of greedy answers")
                   + "\n(run's reward, held-out prompts)")
@@ -161,7 +191,7 @@ def plot_frontier(runs: list[dict], path: Path, keys: list[str] = ()) -> Path | 
     ax.grid(alpha=0.3)
     pts = [p for points in series.values() for p in points]
     coincide = len({(round(p[0], 3), round(p[1], 3)) for p in pts}) < len(pts)  # points hidden under others
-    labelled = len(pts) <= 30 and (bool(others) or coincide)
+    labelled = len(pts) <= 30 and (bool(shown) or coincide)
     if labelled:
         _pad_limits(ax)
     _readable_limits(ax)
@@ -540,8 +570,8 @@ CAPTIONS = {
                         "line per run. Times are the machine's as the runs met it: compare runs taken under the same "
                         "load.",
     "frontier": "Reward–KL frontier: each run's reward after training against d = sqrt(KL(π ‖ π_ref)) on held-out "
-                "samples, one line per algorithm (best-of-n: analytic KL; a k1 estimate below 0 is drawn at d = 0); "
-                "the star is the policy before training.",
+                "samples, one line per algorithm, task and environment (best-of-n: analytic KL; a k1 estimate below 0 "
+                "is drawn at d = 0); the grey star is the policy before training (one marker per task and environment).",
     "overoptimisation": "Gold (top) and proxy (bottom) reward against d = sqrt(KL): best-of-n (left, one point per n) "
                         "and RL (right, one point per evaluation during training), with the least-squares fits of "
                         "Gao et al. 2023; dashed verticals: where each series' gold peaks (measured), drawn in the "

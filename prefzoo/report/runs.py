@@ -1,7 +1,7 @@
 """The runs a report reads: every ``summary.json`` under a folder, its Hydra overrides, and which settings were swept.
 
-A run is ``{"dir", "summary", "overrides": {key: value}, "job": bool}`` (:func:`load_runs`); :func:`metric`
-reads an evaluation of it (``eval_after`` by default). :data:`HEADLINE` lists the evaluation keys a report
+A run is ``{"dir", "summary", "overrides": {key: value}, "job": bool, "task", "env"}`` (:func:`load_runs`);
+:func:`metric` reads an evaluation of it (``eval_after`` by default). :data:`HEADLINE` lists the evaluation keys a report
 shows and :data:`DESCRIPTION` says what each measures (the tables' legend, the plots' axis labels).
 """
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import yaml
 
-from prefzoo.training.layout import METRICS_FILE, SUMMARY_FILE
+from prefzoo.training.layout import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from prefzoo.training.names import task_name
 
-__all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "metric", "eval_history", "training_seconds",
-           "is_number", "is_best_of_n", "analytic_kl"]
+__all__ = ["HEADLINE", "DESCRIPTION", "load_runs", "swept_keys", "is_eval_only", "metric", "eval_history",
+           "training_seconds", "is_number", "is_best_of_n", "analytic_kl"]
 
 HEADLINE = ("task_accuracy", "task_reward", "sample_reward", "gold_task_reward", "gold_sample_reward",
             "preference_accuracy", "kl_k1", "entropy", "distinct_1", "distinct_2", "ood_task_accuracy", "ood_distinct_2",
@@ -54,12 +55,33 @@ def _value(text: str):
         return text
 
 
+def _task_and_env(run_dir: Path, summary: dict) -> tuple[str | None, str | None]:
+    """What the run's rewards were measured on: summary.json's ``task`` and ``env``; for a run written before
+    summary.json had them, its resolved ``config.yaml`` (:func:`prefzoo.training.summary.task_name` of its ``data``,
+    its ``env.name``); else the summary's ``data`` name and no environment (None)."""
+    task, env = summary.get("task"), summary.get("env")
+    if task is None or env is None:
+        config_path = run_dir / CONFIG_FILE
+        try:
+            config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
+        except yaml.YAMLError:
+            config = None
+        config = config if isinstance(config, dict) else {}
+        if task is None and isinstance(config.get("data"), dict):
+            task = task_name(config["data"])
+        if env is None and isinstance(config.get("env"), dict):
+            env = config["env"].get("name")
+    return task if task is not None else summary.get("data"), env
+
+
 def load_runs(root: Path) -> list[dict]:
-    """Every run under ``root``: ``{"dir", "summary", "overrides": {key: value}, "job": bool}``, sorted by folder.
+    """Every run under ``root``: ``{"dir", "summary", "overrides": {key: value}, "job": bool, "task", "env"}``,
+    sorted by folder.
 
     ``job``: the run has Hydra's ``.hydra/overrides.yaml`` (a job of the sweep); a run without one (e.g. a
     recipe's prerequisite run, :class:`prefzoo.report.callbacks.TrainFirst`) is listed but does not decide which
-    settings were swept."""
+    settings were swept. ``task`` / ``env``: what its rewards were measured on (:func:`_task_and_env`; None where
+    unknown)."""
     runs = []
     for summary_path in sorted(Path(root).rglob(SUMMARY_FILE)):
         run_dir = summary_path.parent
@@ -69,8 +91,10 @@ def load_runs(root: Path) -> list[dict]:
             for item in yaml.safe_load(over_file.read_text()) or []:
                 key, _, value = item.partition("=")
                 overrides[key.lstrip("+~")] = _value(value)
-        runs.append({"dir": run_dir, "summary": json.loads(summary_path.read_text()), "overrides": overrides,
-                     "job": over_file.is_file()})
+        summary = json.loads(summary_path.read_text())
+        task, env = _task_and_env(run_dir, summary)
+        runs.append({"dir": run_dir, "summary": summary, "overrides": overrides, "job": over_file.is_file(),
+                     "task": task, "env": env})
     return runs
 
 
@@ -79,17 +103,25 @@ INERT_KEYS = ("trainer.num_threads", "trainer.fsdp", "trainer.progress", "traine
               "trainer.tensorboard", "trainer.report_to", "trainer.resume", "eval.before")
 
 
+def is_eval_only(run: dict) -> bool:
+    """The run trained nothing on purpose: ``trainer.max_steps=0`` (it measures its starting policy: the base model,
+    or a checkpoint's adapter given as ``model.adapter_path``)."""
+    return run["overrides"].get("trainer.max_steps") == 0
+
+
 def swept_keys(runs: list[dict]) -> list[str]:
     """Override keys whose value is not the same in every run of the sweep (in first-seen order), except
     :data:`INERT_KEYS` (thread count, progress bars, logging, checkpoints, resuming (bit for bit the same run), the
-    before-training evaluation)."""
+    before-training evaluation). An eval-only run's ``trainer.max_steps=0`` (:func:`is_eval_only`) says how it was
+    run, not a number of steps swept: only the training runs decide whether ``trainer.max_steps`` was swept."""
     jobs = [r for r in runs if r.get("job", True)] or runs
     keys: dict[str, set] = {}
     for run in jobs:
         for k in run["overrides"]:
             keys.setdefault(k, set())
     for k in keys:
-        keys[k] = {json.dumps(run["overrides"].get(k), default=str) for run in jobs}
+        keys[k] = {json.dumps(run["overrides"].get(k), default=str) for run in jobs
+                   if not (k == "trainer.max_steps" and is_eval_only(run))}
     return [k for k, values in keys.items() if len(values) > 1 and k not in INERT_KEYS]
 
 

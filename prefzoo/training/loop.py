@@ -64,6 +64,7 @@ from prefzoo.training.distributed import DataParallel, TrainableModules, setup_d
 from prefzoo.training.evaluations import RunEvaluations
 from prefzoo.training.experience import ExperienceSource
 from prefzoo.training.layout import CONFIG_FILE, EVAL_FILE, SUMMARY_FILE
+from prefzoo.training.names import algo_name
 from prefzoo.training.model_card import write_model_card
 from prefzoo.training.plugin import build_algorithm
 from prefzoo.training.resume import continue_schedule, run_config
@@ -434,7 +435,7 @@ class Trainer:
         resumed = self.maybe_resume()
         main = self.dp.is_main
         before = self.evaluate_before(resumed)
-        bar = tqdm(total=self.max_steps, initial=self.step, desc=f"{cfg.algo.name}",
+        bar = tqdm(total=self.max_steps, initial=self.step, desc=algo_name(cfg.algo),
                    disable=not (t.progress and main), dynamic_ncols=True)
         stop_reason = "max_steps" if self.declaration.trains else "no_training"
         if cfg.rollout.asynchronous and self.declaration.online and self.step < self.max_steps:

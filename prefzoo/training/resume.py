@@ -9,8 +9,9 @@
   is accepted at its default.
 * **What may change** (:data:`MAY_CHANGE`): ``trainer.max_steps``, the evaluation (``eval.*``), logging and progress
   (``log_every``, ``progress``, ``tensorboard``), ``save_every``, the device and threads, ``micro_batch_size`` and the
-  fast paths (the same update, up to float rounding), early stopping's ``every`` / ``patience``, and
-  ``objective.kl_budget`` (a stopping rule, like max_steps).
+  fast paths (the same update, up to float rounding), early stopping's ``every`` / ``patience``,
+  ``objective.kl_budget`` (a stopping rule, like max_steps), and ``algo.preset`` (a name: the plugin and its settings
+  are checked; a run of the default RPO made before presets were named resumes as ``algo=rpo``).
 * **Which checkpoint** (:func:`find_resume_point`): the newest complete one that can be read; a damaged one is
   skipped with a warning naming it. Nothing to resume: a warning, and the run starts from scratch.
 * **The learning rate** (:func:`continue_schedule`): a changed ``trainer.max_steps`` rebuilds the schedule for the new
@@ -39,7 +40,7 @@ MAY_CHANGE = ("trainer.max_steps", "trainer.resume", "trainer.progress", "traine
               "trainer.num_threads", "trainer.fsdp", "trainer.save_every", "trainer.log_every", "trainer.kl_metric_every",
               "trainer.micro_batch_size",
               "trainer.early_stopping.every", "trainer.early_stopping.patience", "objective.kl_budget",
-              "model.fast.", "model.gradient_checkpointing", "eval.")
+              "model.fast.", "model.gradient_checkpointing", "eval.", "algo.preset")
 
 
 def _flatten(tree, prefix: str = "") -> dict:

@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 from prefzoo.evaluation.ood import OOD_RESULTS
+from prefzoo.training.names import algo_name, task_name
 
 __all__ = ["RESULT_KEYS", "results_block", "make_summary", "print_eval", "print_change"]
 
@@ -60,10 +61,13 @@ def results_block(after: dict | None, last: dict, trainer, stop_reason: str, sec
 
 def make_summary(cfg, trainer, before, after, last, seconds, stop_reason, weights) -> dict:
     """The run's final numbers, under the same keys for every algorithm (``results``: the flat block to compare
-    runs by, see :func:`results_block`; ``eval_history``: every held-out evaluation, with its step)."""
+    runs by, see :func:`results_block`; ``eval_history``: every held-out evaluation, with its step); ``task``
+    (:func:`prefzoo.training.names.task_name`) and ``env`` (``env.name``, ``none`` for single-turn rollouts) say what the rewards were
+    measured on."""
     strip = lambda d: {k: v for k, v in (d or {}).items() if not k.endswith("examples")}  # noqa: E731
     return {
-        "algo": cfg.algo.name, "model": cfg.model.name, "data": cfg.data.name, "reward": cfg.reward.name,
+        "algo": algo_name(cfg.algo), "model": cfg.model.name, "data": cfg.data.name, "reward": cfg.reward.name,
+        "task": task_name(cfg.data), "env": cfg.env.name,
         "algo_settings": dataclasses.asdict(cfg.algo) if dataclasses.is_dataclass(cfg.algo) else dict(cfg.algo),
         "gold_reward": list(cfg.eval.gold_reward.functions) or None,
         "beta": trainer.objective.beta if trainer.declaration.uses_beta else None,

@@ -95,6 +95,22 @@ def test_advantages_are_group_relative_and_broadcast_per_completion():
     assert m["reward"] == 0.25
 
 
+def test_maxrl_takes_its_authors_eps_by_default():
+    """``algo.scale_rewards=mean`` (MaxRL) with the config's default ``advantage_eps``: the authors' code divides by
+    mean + 1e-6 (Tajwar et al. 2026, their verl ``compute_maxrl_outcome_advantage``), GRPO's std keeps TRL's 1e-4.
+    Group [1, 0, 0, 0]: mean 1/4, A = (1 - 1/4) / (1/4 + 1e-6) = 0.75 / 0.250001 = 2.99998800005 for the right answer
+    and -0.25 / 0.250001 = -0.99999600002 for the others (with 1e-4: 2.99880 and -0.99960, 4e-4 relative off).
+    Group [0, 0, 0, 0]: mean 0, advantage 0. Computed in float64, rounded once to float32: within u32 relative
+    (kind 1, plus float64's 1e-16: 2 u32)."""
+    algo = make(num_samples=4, scale_rewards="mean")
+    exp, _ = algo.make_experience(TwoTokenPolicy(), PROMPTS, fixed_scores([1, 0, 0, 0, 0, 0, 0, 0]))
+    per_row = torch.tensor([2.99998800004800, *[-0.99999600001600] * 3], dtype=torch.float64)
+    torch.testing.assert_close(exp.advantages[:4, 0].double(), per_row, rtol=2 * U32, atol=0)
+    assert torch.equal(exp.advantages[4:], torch.zeros(4, 3))
+    assert make(num_samples=4, scale_rewards="mean").cfg.advantage_eps == 1e-6  # filled in: config.yaml records it
+    assert make(num_samples=4).cfg.advantage_eps == 1e-4  # the std's (the test above)
+
+
 def test_single_iteration_ratio_is_exactly_one_and_loss_is_minus_advantage():
     algo = make(num_samples=4)
     policy = TwoTokenPolicy()

@@ -114,6 +114,65 @@ def test_a_resumed_run_is_not_a_swept_setting():
     assert swept_keys(runs) == ["algo"]
 
 
+def test_eval_only_runs_do_not_make_max_steps_swept(tmp_path):
+    """A folder of GRPO runs on two environments and an eval-only run (``trainer.max_steps=0``: the starting policy
+    measured): the number of training steps was not swept. A sweep of max_steps among the training runs still is.
+    Failing value before: swept ['env', 'trainer.max_steps']."""
+    _fake_run(tmp_path, "retry", {"algo": "grpo"}, ["algo=grpo", "env=retry"])
+    _fake_run(tmp_path, "retry_base", {"algo": "grpo", "steps": 0}, ["algo=grpo", "env=retry", "trainer.max_steps=0"])
+    _fake_run(tmp_path, "calculator", {"algo": "grpo"}, ["algo=grpo", "env=calculator"])
+    runs = load_runs(tmp_path)
+    assert swept_keys(runs) == ["env"]
+    _fake_run(tmp_path, "retry_40", {"algo": "grpo"}, ["algo=grpo", "env=retry", "trainer.max_steps=40"])
+    assert swept_keys(load_runs(tmp_path)) == ["env", "trainer.max_steps"]
+
+
+def _frontier_lines(runs, keys, monkeypatch, tmp_path) -> dict[str, list[tuple[float, float]]]:
+    """The frontier plot's lines, {legend label: [(d, reward), ...]}, read off the figure before it is saved."""
+    from prefzoo.report import plots
+
+    drawn = {}
+
+    def keep(fig, path, plt, layout=True):
+        for line in fig.axes[0].get_lines():
+            if not line.get_label().startswith("_") and not line.get_label().startswith("before"):
+                drawn[line.get_label()] = [(float(x), float(y)) for x, y in zip(line.get_xdata(), line.get_ydata())]
+        plt.close(fig)
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plots.plot_frontier(runs, tmp_path / "frontier.png", keys)
+    return drawn
+
+
+def test_the_frontier_draws_a_line_per_algorithm_task_and_environment(tmp_path, monkeypatch):
+    """GRPO on the calculator environment (3-digit products), GRPO on the retry environment (2-digit sums), GRPO on
+    the retry environment after more steps, and DPO on the built-in pairs: three GRPO points, two of which may be
+    joined. KL 0.25 and 1.0 nats give d = 0.5 and 1.0. The retry runs are a run of today (summary.json names its task
+    and environment) and an older run whose summary does not (its config.yaml does). Failing value before: one line
+    'grpo' through all three GRPO points, [(0.5, 0.4), (1.0, 0.7), (1.0, 0.9)]."""
+    ev = lambda kl, reward: {"kl_k1": kl, "task_reward": reward}  # noqa: E731
+    _fake_run(tmp_path / "runs", "calc", {"algo": "grpo", "task": "arithmetic 3-digit *", "env": "calculator",
+                                          "eval_after": ev(1.0, 0.9)}, ["algo=grpo", "env=calculator"])
+    _fake_run(tmp_path / "runs", "retry", {"algo": "grpo", "task": "arithmetic 2-digit +", "env": "retry",
+                                           "eval_after": ev(0.25, 0.4)}, ["algo=grpo", "env=retry"])
+    _fake_run(tmp_path / "runs", "retry_old", {"algo": "grpo", "eval_after": ev(1.0, 0.7)},
+              ["algo=grpo", "env=retry", "trainer.max_steps=40"])
+    (tmp_path / "runs" / "retry_old" / "config.yaml").write_text(yaml.safe_dump(
+        {"data": {"name": "arithmetic", "path": None, "digits": 2, "ops": ["+"], "word_problems": False},
+         "env": {"name": "retry"}}))
+    _fake_run(tmp_path / "runs", "dpo", {"algo": "dpo", "task": "arithmetic 2-digit +", "env": "none",
+                                         "eval_after": ev(0.25, 0.5)}, ["algo=dpo"])
+    runs = load_runs(tmp_path / "runs")
+    lines = _frontier_lines(runs, swept_keys(runs), monkeypatch, tmp_path)
+    assert lines == {"grpo · arithmetic 3-digit * · env=calculator": [(1.0, 0.9)],
+                     "grpo · arithmetic 2-digit + · env=retry": [(0.5, 0.4), (1.0, 0.7)],
+                     "dpo · arithmetic 2-digit + · env=none": [(0.5, 0.5)]}
+    # one task and one environment for every run: the legend names the algorithm alone
+    same = [r for r in runs if r["dir"].name in ("retry", "retry_old")]
+    assert list(_frontier_lines(same, swept_keys(same), monkeypatch, tmp_path)) == ["grpo"]
+
+
 def test_every_run_of_the_sweep_has_the_common_results_block(sweep):
     """summary.json's results block has the same keys for DPO and SimPO; both are evaluated on the held-out pairs'
     prompts of the file, so they have a KL to the reference (SimPO: the adapter-disabled model) and a reward."""

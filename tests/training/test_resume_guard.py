@@ -160,6 +160,44 @@ def test_a_setting_added_since_the_checkpoint_set_away_from_its_default_is_refus
         loop.Trainer(cfg, run_dir).run()
 
 
+def test_a_default_run_made_before_its_preset_was_named_resumes_as_rpo(tmp_path):
+    """The default run (RPO: the DPO plugin with loss_type=[sigmoid, sft]) now records ``algo.preset: rpo``; its
+    checkpoints of before have the same plugin and settings and no preset. The preset is a name: resuming is
+    accepted, a changed loss is still refused. Failing value before: "algo.preset: '(absent)' (checkpoint) vs 'rpo'
+    (now)", refused. (No model loads: the check runs on the two configs.)"""
+    from prefzoo.algos.dpo import DPOConfig
+    from prefzoo.training.resume import check_run_config, run_config
+
+    old = config()
+    old.algo = DPOConfig(loss_type=["sigmoid", "sft"])
+    saved = {k: v for k, v in run_config(old).items() if k != "algo.preset"}  # as a checkpoint of before holds it
+    now = config(resume=True)
+    now.algo = DPOConfig(loss_type=["sigmoid", "sft"], preset="rpo")
+    check_run_config(now, tmp_path, tmp_path / "checkpoints" / "step-000001", saved)
+    now.algo = DPOConfig(loss_type="sigmoid", preset="rpo")
+    with pytest.raises(ConfigError, match=r"algo\.loss_type: \['sigmoid', 'sft'\] \(checkpoint\) vs 'sigmoid'"):
+        check_run_config(now, tmp_path, tmp_path / "checkpoints" / "step-000001", saved)
+
+
+def test_a_group_relative_run_made_before_advantage_eps_was_the_methods_own(tmp_path):
+    """``algo.advantage_eps`` was 1e-4 for every scale; null now means the method's own, filled in when the config is
+    built. A GRPO checkpoint of before (1e-4, the group std's eps now too) resumes; a MaxRL one (scale_rewards=mean,
+    1e-4 then, 1e-6 now: another update) is refused naming both values, as any changed setting."""
+    from prefzoo.algos.grpo import GRPOConfig
+    from prefzoo.training.resume import check_run_config, run_config
+
+    def grpo(**algo):
+        cfg = config(resume=True)
+        cfg.algo = GRPOConfig(**algo)
+        return cfg
+
+    folder = tmp_path / "checkpoints" / "step-000001"
+    check_run_config(grpo(), tmp_path, folder, run_config(grpo(advantage_eps=1e-4)))
+    saved = run_config(grpo(scale_rewards="mean", advantage_eps=1e-4))
+    with pytest.raises(ConfigError, match=r"algo\.advantage_eps: 0\.0001 \(checkpoint\) vs 1e-06 \(now\)"):
+        check_run_config(grpo(scale_rewards="mean"), tmp_path, folder, saved)
+
+
 # ------------------------------------------------------------------ item 7: the learning rate on resume
 def test_a_changed_learning_rate_is_refused(run_dir):
     """Before the fix: trainer.lr=1e-3 was ignored (step 3 logged lr 0.0, the old schedule's) while config.yaml said

@@ -33,6 +33,9 @@ def test_results_block_has_the_same_keys_for_every_algorithm(algo, extra, tmp_pa
     summary = Trainer(compose([f"algo={algo}", "trainer.max_steps=1"] + extra + tiny), tmp_path).run()
     results = json.loads((tmp_path / "summary.json").read_text())["results"]
     assert tuple(results) == RESULT_KEYS and results == summary["results"]
+    # what the rewards were measured on (the report's frontier draws a line per algorithm, task and environment)
+    assert (summary["task"], summary["env"]) == ("arithmetic_pairs.jsonl" if extra is PAIRS else "arithmetic 2-digit +",
+                                                 "none")
     assert results["wall_seconds"] >= results["train_seconds"] >= 0 and results["steps"] == (0 if algo == "bon" else 1)
     if algo == "rm":
         assert results["kl"] is None and results["reward"] is None and results["preference_accuracy"] is not None
@@ -59,3 +62,22 @@ def test_the_before_after_line_shows_each_shared_metric_with_its_standard_errors
     print_change(None, after)  # no evaluation before training (eval.before=false): no line
     print_change(before, {"entropy": 0.5})  # nothing shared among the headline metrics: no line
     assert capsys.readouterr().out == ""
+
+
+def test_task_name_says_what_the_rewards_were_measured_on():
+    """A run's task in a few words, the same from a config object and from the mapping of a saved config.yaml: the
+    built-in arithmetic task's digits and operators (``data.digits=3 'data.ops=[*]'``, the calculator environment's
+    task), the reasoning-gym task or mix, a file's name."""
+    import dataclasses
+
+    from prefzoo.config import DataConfig
+    from prefzoo.training.names import task_name
+
+    cases = [(DataConfig(), "arithmetic 2-digit +"), (DataConfig(digits=3, ops=["*"]), "arithmetic 3-digit *"),
+             (DataConfig(ops=["+", "-"], word_problems=True), "arithmetic 2-digit +- words"),
+             (DataConfig(name="reasoning_gym", task="chain_sum"), "chain_sum"),
+             (DataConfig(name="reasoning_gym", task=["chain_sum", "basic_arithmetic"]), "chain_sum+basic_arithmetic"),
+             (DataConfig(name="file", path="/data/pairs/calc.jsonl"), "calc.jsonl"),
+             (DataConfig(name="sentiment"), "sentiment")]
+    for data, name in cases:
+        assert task_name(data) == name and task_name(dataclasses.asdict(data)) == name
