@@ -14,7 +14,7 @@ from prefzoo.algos.sft import SFT, SFTConfig
 from prefzoo.config import Config, resolve_objective
 from prefzoo.objective import aggregate_loss
 from prefzoo.training.step import accumulate_gradients
-from prefzoo.types import ObjectiveSettings
+from prefzoo.types import LossTokens, ObjectiveSettings
 from tests.algos.test_dpo import POLICY, TablePolicy, pairs
 from tests.models.helpers import one_thread_fixture
 
@@ -42,19 +42,20 @@ def test_declaration():
     algo = SFT(SFTConfig(), resolve_objective(Config(algo=SFTConfig())))
     d = algo.declaration
     assert algo.beta == 0.0 and d.reference is False and d.aggregation == "token_mean" and d.has("implicit_rewards")
+    assert d.data == "sequences" and d.loss_tokens == LossTokens(completion_only_loss=True, assistant_only_loss=True)
 
 
 def test_per_token_nll_on_chosen_and_its_token_mean():
     """Per-token losses -log pi on the chosen tokens: A 0.5, 1.0; B 2.0; the token mean (0.5 + 1 + 2) / 3 = 7/6."""
     algo = sft()
-    batch = pairs()
+    batch = pairs().chosen  # a preference file's rows: SFT reads their prompts and chosen completions
     out = algo.loss(table(), batch)
-    assert torch.equal(out.mask, batch.chosen.completion_mask)
+    assert torch.equal(out.mask, batch.completion_mask)
     torch.testing.assert_close(out.values[out.mask].detach(), torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64),
                                rtol=0, atol=0)
     loss = aggregate_loss(out.values, out.mask, "token_mean", algo.normaliser(batch))
     assert float(loss) == pytest.approx(7 / 6, abs=1e-12)
-    assert out.metrics["logps/chosen"] == pytest.approx((-1.5 - 2.0) / 2, abs=1e-12)
+    assert out.metrics["logps/completion"] == pytest.approx((-1.5 - 2.0) / 2, abs=1e-12)
 
 
 @pytest.mark.numerics
@@ -66,7 +67,7 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch():
     grads = []
     for size in (1, 2):
         policy = table()
-        accumulate_gradients(sft(), policy, pairs(), size)
+        accumulate_gradients(sft(), policy, pairs().chosen, size)
         grads.append(policy.theta.grad.clone())
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
     torch.testing.assert_close(grads[0][1:4], torch.full((3,), -1 / 3, dtype=torch.float64), rtol=0, atol=1e-12)
