@@ -215,9 +215,10 @@ def build_gold_reward(cfg: Config):
 
 
 def heldout_pair_prompts(cfg: Config, tokenizer) -> PromptSet | None:
-    """Offline runs on a preference file: the prompts of its held-out pairs (the same split as
-    :func:`preference_data`), so the shared evaluation can sample answers to them (reward, KL, diversity);
-    None, with a warning, when the file's prompts cannot serve (no ``prompt`` column, over-long prompts)."""
+    """Offline runs on a data file: the prompts of its held-out rows (the same split as :func:`preference_data`), so
+    the shared evaluation can sample answers to them (reward, KL, diversity); a ``messages`` file's prompts are its
+    held-out conversations up to their first assistant turn. None, with a warning, when the file's prompts cannot
+    serve (no ``prompt`` or ``messages`` column: a text file; over-long prompts)."""
     from prefzoo.errors import DataError
 
     d = cfg.data
@@ -226,11 +227,23 @@ def heldout_pair_prompts(cfg: Config, tokenizer) -> PromptSet | None:
             table = load_table(d.path, d.eval_split)
         else:
             table = split_held_out(load_table(d.path, d.split), d.eval_fraction, d.seed, d.path)[1]
+        if "prompt" not in table.column_names and "messages" in table.column_names:
+            table = table.add_column("prompt", [_before_first_reply(m) for m in table["messages"]])
         return tokenize_prompts(table, tokenizer, d.max_prompt_length, "skip", f"{d.path} (held-out prompts)")
     except DataError as err:
         log.warning("no held-out prompts from %s for the task evaluation (reward, KL, diversity are left out): %s",
                     cfg.data.path, err)
         return None
+
+
+def _before_first_reply(messages):
+    """A conversation's messages before its first assistant turn (all of them without one): its prompt; None (a bad
+    prompt, skipped) when that is nothing or the value is not a list of messages."""
+    if not isinstance(messages, list):
+        return None
+    first = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+                 len(messages))
+    return messages[:first] or None
 
 
 def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
