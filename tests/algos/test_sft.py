@@ -124,7 +124,7 @@ def _sft_loss(loss_tokens, rows, model):
 
 
 @pytest.mark.numerics
-def test_prompt_tokens_carry_no_loss():
+def test_prompt_tokens_carry_no_loss_on_the_tiny_model():
     """A prompt/completion row on the tiny Llama (weights spread 0.2: log-probs that depend on the context), as the
     loop trains on it: the SFT loss is the mean NLL of the COMPLETION's tokens only, computed independently from one
     forward of the whole row (``_nll_exact``); with ``algo.completion_only_loss=false`` the mean over every token after
@@ -150,12 +150,12 @@ def test_prompt_tokens_carry_no_loss():
 
 
 @pytest.mark.numerics
-def test_only_the_assistant_turns_carry_the_loss_of_a_conversation():
+def test_only_the_assistant_turns_carry_the_loss_of_a_conversation_on_the_tiny_model():
     """A two-turn conversation (tests/data/test_sft.py's TALK: HEAD, "Yo<|im_end|>", BETWEEN, "A2<|im_end|>") and a
     prompt/completion row in ONE batch (padding and a token_mask: the user's second turn is attended to, not trained
     on). The loss is the mean NLL over the tokens located by hand -- "Yo" + <|im_end|> and "A2" + <|im_end|> of the
     conversation, the completion of the other row -- from one independent forward per row; every other token's NLL
-    would change it by more than 100x the bound (checked). Bound as in test_prompt_tokens_carry_no_loss."""
+    would change it by more than 100x the bound (checked). Bound as in test_prompt_tokens_carry_no_loss_on_the_tiny_model."""
     from tests.bounds import gamma
     from tests.data.test_sft import BETWEEN, HEAD, TALK
     from tests.models.helpers import SPREAD, tiny_model, tokenizer
@@ -196,7 +196,7 @@ def _format_rows(fmt: str) -> list[dict]:
             "pairs": pairs}[fmt]
 
 
-def test_algo_sft_trains_on_a_text_a_prompt_completion_and_a_messages_file(tmp_path):
+def test_algo_sft_trains_through_the_loop_on_a_text_a_prompt_completion_and_a_messages_file(tmp_path):
     """``algo=sft data=file data.path=X`` on the fixture's 40 rows in each of TRL's formats, unchanged: 38 training rows
     (2 = ceil(0.05 x 40) held out), one step that moves the adapter (a finite loss, a non-zero gradient). The
     prompt/completion and the (one-turn, assistant only) messages files hold the same demonstrations: their tokens
