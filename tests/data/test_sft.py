@@ -200,3 +200,22 @@ def test_a_messages_file_s_held_out_prompts_are_its_conversations_before_the_fir
     prompts = heldout_pair_prompts(typed("algo=sft", "data=file", f"data.path={path}", "model=tiny"), tokenizer())
     (raw,) = prompts.raw
     assert raw in [r["messages"][:1] for r in rows] and prompts.prompt_ids == [chat_prompt_ids(raw)]
+
+
+def test_the_calculator_warm_start_s_demonstrations_are_prompt_completion_rows():
+    """python -m prefzoo.environments.demonstrations: two rows per problem, TRL's conversational prompt/completion
+    format (no rejected side), which SFT reads: the call, then the product read back after the tool's result."""
+    import json
+
+    from prefzoo.environments.demonstrations import calculator_demonstrations
+
+    problem = {"prompt": [{"role": "user", "content": "What is 12 * 34? Reply with just the number."}],
+               "question": "What is 12 * 34?", "answer": 408}
+    call, answer = calculator_demonstrations([problem])
+    assert sft_format(list(call), "demos.jsonl") == "prompt/completion" and set(call) == set(answer)
+    assert json.loads(call["completion"][0]["content"].split(">", 1)[1].split("<", 1)[0]) == {
+        "name": "calculator", "arguments": {"expression": "12 * 34"}}
+    assert answer["prompt"][-1] == {"role": "tool", "name": "calculator", "content": "408"}
+    assert answer["completion"] == [{"role": "assistant", "content": "408"}]
+    a, b = tokenize([call, answer], max_prompt_length=400, max_length=512)
+    assert b.completion_ids == ids("408") + [tokenizer().eos_token_id] and a.loss_mask is None
