@@ -227,7 +227,7 @@ def check_data(typed, declaration) -> None:
     ``declaration``: the plugin's (online plugins read no preference file; offline ones pairs or unpaired rows)."""
     from prefzoo.data.check import check_data_file
 
-    check_data_file(typed, declaration.online, declaration.data)
+    check_data_file(typed, declaration.online, declaration.data, declaration.loss_tokens)
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:

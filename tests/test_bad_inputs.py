@@ -233,6 +233,12 @@ CONFIG_CASES = [
      "algo.top_entropy_quantile=0.2 mask a policy-gradient term, and algo=distill's loss is the JSD"),
     (["algo=grpo", "algo.policy_loss=vespo", "rollout.log_mismatch=true", "rollout.correction.mode=sequence_truncate"],
      "rollout.correction.mode=sequence_truncate with algo.policy_loss=vespo"),
+    # issue 48: a built-in task's demonstrations (data.demonstrations) are what SFT trains on, from a task with answers
+    (["algo=dpo", "data.demonstrations=true"], "data.demonstrations=true: algo=dpo trains on pairs; demonstrations"),
+    (["algo=grpo", "data.demonstrations=true"], "data.demonstrations=true: algo=grpo samples its own completions"),
+    (["algo=sft", "reward=sentiment", "data.demonstrations=true"], "data=sentiment has no known answers to demonstrate"),
+    (["algo=sft", "data=file", "data.path=rows.jsonl", "data.demonstrations=true"],
+     "data.demonstrations=true applies to the built-in tasks' known answers, not to data.path=rows.jsonl"),
 ]
 
 
@@ -295,6 +301,15 @@ def unpaired(row: int, **values) -> list[dict]:
 
 PLAIN = [{"prompt": r["prompt"][0]["content"], "chosen": str(r["answer"]), "rejected": str(r["answer"] + 1)}
          for r in ROWS]
+
+
+def sft_rows(fmt: str, row: int, **values) -> list[dict]:
+    """The fixture's pairs as SFT rows of ``fmt`` (text, completion: prompt/completion, messages), row ``row`` changed."""
+    rows = [{"text": f"{r['prompt'][0]['content']} {r['answer']}"} if fmt == "text" else
+            {"prompt": r["prompt"], "completion": r["chosen"]} if fmt == "completion" else
+            {"messages": r["prompt"] + r["chosen"]} for r in ROWS]
+    rows[row].update(values)
+    return rows
 
 # (id, file name, content (bytes or a writer), algo, extra overrides, needle)
 DATA_CASES = [
@@ -381,6 +396,34 @@ DATA_CASES = [
     # round 4: which rows would KTO train on? (before: the unpaired columns, silently)
     ("kto: pairs and unpaired columns", "b.jsonl", jsonl([dict(r, completion=r["chosen"], label=True) for r in ROWS]),
      "kto", [], "b.jsonl has both preference-pair columns (chosen/rejected) and unpaired ones (completion/label)"),
+    # issue 48: SFT reads TRL's text, prompt/completion and messages rows; what it cannot read is one line
+    ("sft: no format's columns", "q.jsonl", jsonl([{"question": "Q", "answer": 1}] * 4), "sft", [],
+     "q.jsonl has none of the column sets SFT reads (its columns: question, answer); give one of: text; prompt + "
+     "completion; messages; prompt + chosen + rejected"),
+    ("sft: columns of two formats", "t.jsonl", jsonl([{"text": "Q a", "prompt": "Q", "completion": "a"}] * 4), "sft",
+     [], "t.jsonl has the columns of several SFT formats (text and prompt/completion)"),
+    ("sft: unpaired rows", "u.jsonl", jsonl(UNPAIRED), "sft", [], "u.jsonl has a 'label' column beside prompt and "
+                                                                   "completion"),
+    ("sft: empty completion", "c.jsonl", jsonl(sft_rows("completion", 7, completion=[{"role": "assistant",
+                                                                                      "content": " "}])), "sft", [],
+     "c.jsonl, row 7 (line 8): completion is empty"),
+    ("sft: completion of two messages", "c.jsonl", jsonl(sft_rows("completion", 9, completion=[
+        {"role": "assistant", "content": "118"}, {"role": "user", "content": "Sure?"}])), "sft", [],
+     "c.jsonl, row 9 (line 10): completion holds 2 messages (assistant, user)"),
+    ("sft: messages without an assistant turn", "m.jsonl", jsonl(sft_rows("messages", 12, messages=[
+        {"role": "user", "content": "Hi"}])), "sft", [],
+     "m.jsonl, row 12 (line 13): messages has no assistant message, and algo.assistant_only_loss=true"),
+    ("sft: unknown role in messages", "m.jsonl", jsonl(sft_rows("messages", 4, messages=[
+        {"role": "wizard", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])), "sft", [],
+     "m.jsonl, row 4 (line 5): messages message 0 has the role 'wizard'"),
+    ("sft: messages as text", "m.jsonl", jsonl([{"messages": "What is 2 + 3? 5"}] * 4), "sft", [],
+     "m.jsonl, row 0 (line 1): messages is a string; a messages row holds a list of chat messages"),
+    ("sft: int text", "t.jsonl", jsonl(sft_rows("text", 5, text=118)), "sft", [], "t.jsonl, row 5 (line 6): text is int "
+                                                                                   "(118)"),
+    ("sft: text as messages", "t.jsonl", jsonl([{"text": r["prompt"] + r["chosen"]} for r in ROWS]), "sft", [],
+     "t.jsonl, row 0 (line 1): text is a list of messages; a text row holds a string"),
+    ("sft: null text", "t.jsonl", jsonl(sft_rows("text", 30, text=None)), "sft", [], "t.jsonl, row 30 (line 31): text "
+                                                                                      "is null"),
 ]
 
 

@@ -64,14 +64,15 @@ from typing import Any, ClassVar, Optional
 from torch import Tensor
 
 from prefzoo.objective import AGGREGATIONS, loss_normaliser, make_kl_controller
-from prefzoo.types import (NO_STEP, Batch, LossOutput, ObjectiveSettings, Policy, PromptBatch, SamplingParams, Scorer,
-                           StepContext, ValueHeadSpec)
+from prefzoo.types import (NO_STEP, Batch, LossOutput, LossTokens, ObjectiveSettings, Policy, PromptBatch, SamplingParams,
+                           Scorer, StepContext, ValueHeadSpec)
 
 CAPABILITIES = ("adaptive_beta", "f_divergence", "implicit_rewards", "precomputed_reference", "sampler_correction",
                 "saves_artifacts", "step_statistics", "turn_rewards")
-#: what an offline plugin trains on: preference pairs (:class:`~prefzoo.types.PreferenceBatch`) or unpaired labelled
-#: rows (:class:`~prefzoo.types.UnpairedBatch`)
-OFFLINE_DATA = ("pairs", "unpaired")
+#: what an offline plugin trains on: preference pairs (:class:`~prefzoo.types.PreferenceBatch`), unpaired labelled
+#: rows (:class:`~prefzoo.types.UnpairedBatch`) or supervised sequences (:class:`~prefzoo.types.SequenceBatch` whose
+#: ``completion_mask`` marks the tokens with a loss: SFT's text, prompt/completion and messages rows)
+OFFLINE_DATA = ("pairs", "unpaired", "sequences")
 
 
 @dataclass
@@ -160,7 +161,11 @@ class Declaration:
             them in on the batches (needs the capability ``precomputed_reference``).
         progress_keys: metrics shown on the progress bar.
         data: offline plugins: what the batches hold, one of :data:`OFFLINE_DATA` (``pairs``: preference pairs;
-            ``unpaired``: labelled rows, which the loop makes from unpaired data or by splitting pairs).
+            ``unpaired``: labelled rows, which the loop makes from unpaired data or by splitting pairs; ``sequences``:
+            supervised rows, :class:`~prefzoo.types.SequenceBatch` es built from text, prompt/completion or messages
+            rows, or from a preference file's prompt and chosen side, :mod:`prefzoo.data.sft`).
+        loss_tokens: ``data="sequences"`` (and only then): which tokens of a row carry the loss
+            (:class:`~prefzoo.types.LossTokens`: the completion only? the assistant turns only?).
         min_batch_size: the fewest rows each process must hold per optimizer step (``trainer.batch_size`` is
             refused below it times the number of processes, before anything loads); 1 for most plugins.
         warnings: :class:`MetricWarning` s the loop watches the step metrics for (e.g. no learning signal).
@@ -187,6 +192,7 @@ class Declaration:
     precompute_reference: bool = False
     progress_keys: tuple[str, ...] = ("loss",)
     data: str = "pairs"
+    loss_tokens: LossTokens | None = None
     min_batch_size: int = 1
     warnings: tuple[MetricWarning, ...] = ()
     uses_beta: bool = True
@@ -208,6 +214,9 @@ class Declaration:
             raise PluginError("declaration: precompute_reference needs the capability 'precomputed_reference'")
         if self.data not in OFFLINE_DATA:
             raise PluginError(f"declaration: data={self.data!r}; choose one of {', '.join(OFFLINE_DATA)}")
+        if (self.data == "sequences") != (self.loss_tokens is not None):
+            raise PluginError("declaration: data='sequences' needs loss_tokens (a prefzoo.types.LossTokens: which "
+                              "tokens of a row carry the loss), and only it takes them")
         if self.min_batch_size < 1:
             raise PluginError(f"declaration: min_batch_size={self.min_batch_size} must be >= 1")
         if self.epochs < 1 or self.num_minibatches < 1:

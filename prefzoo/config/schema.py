@@ -96,6 +96,9 @@ class DataConfig:
     task_weights: Optional[list[float]] = None
     answer_format: str = "tags"  # tags (<answer>...</answer>) | number (the reply's last number)
     system_prompt: Optional[str] = None  # null: the answer format's own; a reasoning_gym SYSTEM_PROMPTS name; text
+    # built-in tasks (arithmetic, reasoning_gym) with algo=sft: train on each training prompt with its known answer as
+    # the completion (reasoning_gym: in its answer format) instead of the built-in pairs' chosen samples
+    demonstrations: bool = False
     pairs: PairsConfig = field(default_factory=PairsConfig)
 
 

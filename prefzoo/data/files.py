@@ -17,7 +17,8 @@ cannot hold, a key other rows have and this one lacks) makes that row a bad row,
 ``data.on_bad_row`` like any other; problems of the whole file (no such file, not UTF-8 outside JSON Lines,
 no rows at all) raise :class:`~prefzoo.errors.DataError` at once.
 
-Columns. The text columns ``prompt``, ``chosen``, ``rejected`` and ``completion`` hold a string or a list of chat messages;
+Columns. The text columns ``prompt``, ``chosen``, ``rejected``, ``completion``, ``text`` and ``messages`` hold a string or
+a list of chat messages (which of the two a format wants is the format's check: :mod:`prefzoo.data.sft`);
 a value of another type is a problem of its row, not a reason to convert the column. Other columns (e.g.
 ``answer``) keep their values; a column whose values one Arrow column cannot hold together (the ints 118 and
 "118") is read as text, each value written as it appears in the file.
@@ -45,7 +46,7 @@ __all__ = ["ORIGIN", "TEXT_COLUMNS", "CHAT_ROLES", "FILE_TYPES", "read_file", "w
 #: The column holding each row's place in its file and the problems found reading it (a JSON string).
 ORIGIN = "_prefzoo_origin"
 #: Columns that hold text: a string, or a list of chat messages ``{"role", "content"}``.
-TEXT_COLUMNS = ("prompt", "chosen", "rejected", "completion")
+TEXT_COLUMNS = ("prompt", "chosen", "rejected", "completion", "text", "messages")
 #: Roles a chat message may have.
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 #: File extensions read from disk, and how.

@@ -161,9 +161,14 @@ def collate_unpaired(examples: list[UnpairedExample], indices: list[int], pad_id
 
 def collate_examples(examples: list, indices: list[int], pad_id: int,
                      ref_logps: dict[int, tuple[float, float]] | None = None):
-    """A training batch of offline examples: a :class:`PreferenceBatch` of pairs, or an
-    :class:`~prefzoo.types.UnpairedBatch` of unpaired rows (here, beside them: this module reads the preference
-    one, not the other way round)."""
+    """A training batch of offline examples: a :class:`PreferenceBatch` of pairs, an
+    :class:`~prefzoo.types.UnpairedBatch` of unpaired rows, or a :class:`~prefzoo.types.SequenceBatch` of supervised
+    rows (:mod:`prefzoo.data.sft`) (here, beside them: this module reads the preference one, not the other way
+    round)."""
+    from prefzoo.data.sft import SFTExample, collate_sft
+
     if examples and isinstance(examples[0], UnpairedExample):
         return collate_unpaired(examples, indices, pad_id)
+    if examples and isinstance(examples[0], SFTExample):
+        return collate_sft(examples, pad_id)
     return collate_preferences(examples, indices, pad_id, ref_logps)

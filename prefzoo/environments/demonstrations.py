@@ -1,25 +1,25 @@
 """Synthetic demonstrations of a tool-using episode, for a supervised warm start (``algo=sft`` on them, then RL from
 that adapter): SmolLM2-135M-Instruct has never seen prefzoo's call format and, left alone, never calls a tool.
 
-``python -m prefzoo.environments.demonstrations calculator demos.jsonl [N] [seed]`` writes, for N of the calculator
-task's training problems (3-digit products, the data ``env=calculator`` trains on; held-out problems are never used),
-the two policy turns of a correct episode as two rows of the standard conversational preference format (what
-``data=file`` reads):
+``python -m prefzoo.environments.demonstrations calculator demos.jsonl [N]`` writes, for N of the calculator task's
+training problems (3-digit products, the data ``env=calculator`` trains on; held-out problems are never used), the two
+policy turns of a correct episode as two rows of the standard conversational prompt/completion format (TRL's, what
+``algo=sft data=file`` reads; the loss on the completion only):
 
 1. prompt: the episode's first context -- the default format's system message describing the calculator, the question
-   with the environment's hint appended, exactly as the rollout renders them; chosen: the call
+   with the environment's hint appended, exactly as the rollout renders them; completion: the call
    ``<tool_call>{"name": "calculator", "arguments": {"expression": "a * b"}}</tool_call>``;
-2. prompt: that context, the call and the tool's result; chosen: the number alone.
+2. prompt: that context, the call and the tool's result; completion: the number alone.
 
-``rejected`` holds a wrong product (SFT reads only the chosen side). Then:
-``python train.py algo=sft data=file data.path=demos.jsonl`` and
-``python train.py algo=grpo env=calculator model.adapter_path=<that run>/adapter``.
+Then: ``python train.py algo=sft data=file data.path=demos.jsonl`` and
+``python train.py algo=grpo env=calculator model.adapter_path=<that run>/adapter``. (Before SFT read prompt/completion
+rows, these were preference pairs with a wrong product as a ``rejected`` that SFT never read: the same prompts and
+completions, the same SFT tokens and losses.)
 """
 
 from __future__ import annotations
 
 import json
-import random
 import re
 import sys
 from pathlib import Path
@@ -33,14 +33,13 @@ __all__ = ["calculator_demonstrations"]
 _QUESTION = re.compile(r"What is (\d+) \* (\d+)\?")
 
 
-def calculator_demonstrations(problems: list[dict], seed: int = 0) -> list[dict]:
+def calculator_demonstrations(problems: list[dict]) -> list[dict]:
     """Two demonstration rows per problem (module docstring). ``problems``: the arithmetic task's rows (``prompt``
     messages, ``answer``, ``question`` "What is a * b?").
 
     Raises:
         ValueError: a question that is not a product "What is a * b?".
     """
-    rng = random.Random(seed)
     episode = ToolEpisode(CalculatorEnvironment())
     system = default_tools_message(episode.schemas)
     rows = []
@@ -54,13 +53,10 @@ def calculator_demonstrations(problems: list[dict], seed: int = 0) -> list[dict]
         user["content"] = f"{user['content']}\n\n{CALCULATOR_HINT}"
         call = CALL_OPEN + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + CALL_CLOSE
         result = {"role": "tool", "name": "calculator", "content": str(answer)}
-        wrong = str(answer + rng.choice([-1, 1]) * rng.randint(1, 999))
         context = [system, user]
-        rows.append({"prompt": context, "chosen": [{"role": "assistant", "content": call}],
-                     "rejected": [{"role": "assistant", "content": wrong}]})
+        rows.append({"prompt": context, "completion": [{"role": "assistant", "content": call}]})
         rows.append({"prompt": [*context, {"role": "assistant", "content": call}, result],
-                     "chosen": [{"role": "assistant", "content": str(answer)}],
-                     "rejected": [{"role": "assistant", "content": wrong}]})
+                     "completion": [{"role": "assistant", "content": str(answer)}]})
     return rows
 
 
@@ -69,15 +65,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0] != "calculator":
-        print("usage: python -m prefzoo.environments.demonstrations calculator OUT.jsonl [N=300] [seed=0]",
-              file=sys.stderr)
+        print("usage: python -m prefzoo.environments.demonstrations calculator OUT.jsonl [N=300]", file=sys.stderr)
         return 2
     n = int(args[2]) if len(args) > 2 else 300
-    seed = int(args[3]) if len(args) > 3 else 0
     # env=calculator's data (conf/env/calculator.yaml: digits 3, ops [*]) with the defaults' seed, sizes and form
     task = ArithmeticTask(digits=3, ops=["*"], num_train=2000, num_eval=200, seed=0, word_problems=False)
     problems = task.to_dataset("train").select(range(n))
-    rows = calculator_demonstrations([dict(p) for p in problems], seed)
+    rows = calculator_demonstrations([dict(p) for p in problems])
     Path(args[1]).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} demonstration rows ({n} problems x 2 turns) to {args[1]}")
     return 0

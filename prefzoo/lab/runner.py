@@ -7,8 +7,9 @@ the toy bandit (:mod:`prefzoo.lab.toy`) — so a plugin is set up, fed and train
 * :func:`train_replicas` — ``replicas`` stacked copies of the bandit (:meth:`TabularBandit.tile`), one
   vectorised run of the bed's driver (:func:`prefzoo.lab.tabular.train`, the Trainer's own optimisation step):
   online plugins sample from the policy, offline ones train full-batch on Bradley-Terry pairs of pi_ref with
-  their reference log-probs computed once (:func:`with_reference_logps`), or on those pairs split into shuffled
-  unpaired rows for a plugin that declares ``data="unpaired"`` (KTO);
+  their reference log-probs computed once (:func:`with_reference_logps`), on those pairs split into shuffled
+  unpaired rows for a plugin that declares ``data="unpaired"`` (KTO), or on their chosen sides for one that declares
+  ``data="sequences"`` (SFT);
 * :func:`sample_best_of_n` — best-of-n, which trains nothing: the empirical distribution of best-of-n draws.
 """
 
@@ -69,6 +70,8 @@ def train_replicas(algo: Algorithm, bandit: TabularBandit, replicas: int, seed: 
             pairs = preference_pairs(tiled, pairs_per_prompt, torch.Generator().manual_seed(seed + 1))
         if d.data == "unpaired":  # the pairs' rows, shuffled (seed + 2)
             data = unpaired_rows(pairs, torch.Generator().manual_seed(seed + 2))
+        elif d.data == "sequences":  # supervised rows: the pairs' prompts and chosen responses (SFT on a preference file)
+            data = pairs.chosen
         else:
             data = with_reference_logps(algo, policy, pairs)
         train(algo, policy, PairSource(data), settings)

@@ -13,7 +13,10 @@ and every completion of the group continues from P, so each token has the positi
 (where positions count real tokens only). Attention (a :class:`Segment` per group): a prompt token sees the earlier
 prompt tokens, a completion token the whole prompt and the earlier tokens of its own completion, nothing of
 another completion or group -- exactly the keys it sees padded. The hidden state predicting completion token j of
-a row is the row's previous real token (the prompt's last for j = 0), gathered by :attr:`Packed.source`.
+a row is the row's previous real token (the prompt's last for j = 0), gathered by :attr:`Packed.source` for each
+COUNTED completion token (``completion_mask``); a completion's tokens without a loss (``token_mask``: a conversation's
+user turns in SFT, an environment's tokens) are packed as the context they are in the padded pass, and gathered by
+nothing.
 
 Attention kernel, measured (bench/bench_packing.py, 1 thread, SmolLM2's 9 query / 3 key-value heads, head 64,
 forward + backward of one layer, 8 segments of 256 tokens): SDPA over the pack with a 4-D block-causal mask
@@ -97,24 +100,31 @@ def _contiguous(mask: Tensor, lengths: Tensor, side: str) -> bool:
 
 def pack_batch(batch: SequenceBatch, share_prompts: bool = True) -> Packed | None:
     """The packed layout of ``batch`` (module docstring), or None when it has none that equals the padded pass:
-    masks that are not a left-aligned prompt / right-aligned completion run, a multi-turn batch (``token_mask``), or a
-    row with counted completion tokens but no prompt token (nothing predicts its first token). Rows without counted tokens are left out.
+    masks that are not a left-aligned prompt / right-aligned completion run (``completion_tokens``: with a
+    ``token_mask``, counted tokens among them), or a row with counted completion tokens but no prompt token (nothing
+    predicts its first token). Rows without counted tokens are left out.
+
+    A row whose completion holds tokens without a loss (``token_mask``: an environment's tokens in a multi-turn
+    trajectory, a conversation's user turns in SFT) packs all of its completion tokens, as the padded pass attends to
+    them all, and gathers the predicting positions of the counted ones only.
 
     ``share_prompts``: rows with the same prompt tokens share one copy of it (False: every row its own segment).
     """
-    if batch.token_mask is not None:  # a multi-turn trajectory: the environment's tokens interleave (padded pass)
+    tokens, counted = batch.completion_tokens, batch.completion_mask
+    p_len, c_len = batch.prompt_mask.sum(1), tokens.sum(1)
+    if not (_contiguous(batch.prompt_mask, p_len, "left") and _contiguous(tokens, c_len, "right")):
         return None
-    p_len, c_len = batch.prompt_mask.sum(1), batch.completion_mask.sum(1)
-    if not (_contiguous(batch.prompt_mask, p_len, "left") and _contiguous(batch.completion_mask, c_len, "right")):
+    if bool((counted & ~tokens).any()):
         return None
-    if bool(((c_len > 0) & (p_len == 0)).any()):
+    n_counted = counted.sum(1)
+    if bool(((n_counted > 0) & (p_len == 0)).any()):
         return None
     width = batch.prompt_ids.shape[1]
     prompts = batch.prompt_ids.tolist()
-    p_len, c_len = p_len.tolist(), c_len.tolist()
+    p_len, c_len, n_counted = p_len.tolist(), c_len.tolist(), n_counted.tolist()
     groups: dict[tuple, list[int]] = {}
     for b in range(len(prompts)):
-        if c_len[b] == 0:
+        if n_counted[b] == 0:
             continue
         key = tuple(prompts[b][width - p_len[b]:]) if share_prompts else (b,)
         groups.setdefault(key, []).append(b)
@@ -147,10 +157,10 @@ def pack_batch(batch: SequenceBatch, share_prompts: bool = True) -> Packed | Non
         offset = cursor
     source = []
     for b in range(len(prompts)):
-        if c_len[b]:
+        if n_counted[b]:
             # token 0 is predicted by the prompt's last token, token j > 0 by completion token j - 1
-            source.append(torch.tensor([last_prompt[b]], device=device))
-            source.append(torch.arange(row_start[b], row_start[b] + c_len[b] - 1, device=device))
+            j = counted[b].nonzero()[:, 0]
+            source.append(torch.where(j == 0, last_prompt[b], row_start[b] + j - 1))
     if not segments:  # no counted token at all: an empty pack (one pad token keeps shapes valid)
         return Packed(batch.prompt_ids.new_zeros((1, 1)), batch.prompt_ids.new_zeros((1, 1)), (Segment(0, 1),),
                       torch.zeros((0,), dtype=torch.long, device=device))

@@ -194,7 +194,8 @@ class Trainer:
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
             if not self.declaration.online:
                 self.prefs, self.data_stats = offline_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
-                                                           self.eval_prompts, self.device, self.declaration.data)
+                                                           self.eval_prompts, self.device, self.declaration.data,
+                                                           self.declaration.loss_tokens)
                 self.algo.check_data(self.data_stats.get("rows", {}))  # (unpaired rows: KTO's class balance)
             parts = build_parts(cfg, self.declaration, self.tokenizer, self.device)
         self.model, self.load_seconds = parts.model, parts.load_seconds

@@ -15,6 +15,7 @@ from prefzoo.config import Config
 from prefzoo.data.files import split_held_out
 from prefzoo.data.pairs import build_or_load_pairs, pairs_seed, unpaired_path
 from prefzoo.data.preference import PreferenceData, load_table, tokenize_preferences
+from prefzoo.data.sft import SFTData, demonstration_rows, sft_format, tokenize_sft
 from prefzoo.data.unpaired import UnpairedData, check_one_format, class_counts, is_unpaired, pairs_of, split_pairs, tokenize_unpaired
 from prefzoo.data.prompts import PromptSet, tokenize_prompts
 from prefzoo.data.tasks import get_task
@@ -22,6 +23,7 @@ from prefzoo.errors import ConfigError
 from prefzoo.models.loading import cache_dir, load_base_model
 from prefzoo.models.policy import CausalLMPolicy
 from prefzoo.rewards import make_reward
+from prefzoo.types import LossTokens
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +148,44 @@ def unpaired_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | 
     return data, stats
 
 
+def sequence_data(cfg: Config, tokenizer, reward_fn, train_prompts: PromptSet | None, eval_prompts: PromptSet | None,
+                  device: torch.device, loss: LossTokens) -> tuple[SFTData, dict]:
+    """Tokenised supervised rows (:mod:`prefzoo.data.sft`) and held-out pairs where there are some: a file in any of
+    the SFT formats (a preference file: its prompts and chosen completions, its held-out pairs for the preference
+    accuracy), a built-in task's demonstrations (``data.demonstrations``: each training prompt with its known answer),
+    or the task's built-in pairs' chosen completions (rejection-sampling fine-tuning; held out: its pairs). ``loss``:
+    the plugin's declared :class:`~prefzoo.types.LossTokens`."""
+    d = cfg.data
+    limits = (d.max_length, d.max_prompt_length, d.on_bad_row)
+    rows = lambda t, name, fmt: tokenize_sft(t, tokenizer, loss, *limits, name, fmt)  # noqa: E731
+    prefs = lambda t, name: tokenize_preferences(t, tokenizer, *limits, name)  # noqa: E731
+    stats: dict = {}
+    if d.name in BUILTIN_TASKS and not d.path and d.demonstrations:
+        data = SFTData(rows(demonstration_rows(train_prompts), f"{d.name} demonstrations", "prompt/completion"))
+        fmt = "demonstrations (prompt, known answer)"
+    elif d.name in BUILTIN_TASKS and not d.path:
+        train_path, eval_path, stats = builtin_pairs(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device)
+        data = SFTData(rows(load_table(str(train_path)), f"{d.name} pairs", "pairs"),
+                       prefs(load_table(str(eval_path)), f"{d.name} held-out pairs"))
+        fmt = "the built-in pairs' chosen completions"
+    else:
+        train_table, eval_table = data_file_tables(cfg)
+        fmt = sft_format(train_table.column_names, d.path)
+        data = SFTData(rows(train_table, d.path, fmt),
+                       prefs(eval_table, f"{d.path} held-out pairs") if fmt == "pairs" else [])
+    counted = sum(len(e.completion_ids) if e.loss_mask is None else sum(e.loss_mask) for e in data.train)
+    log.info("%s: %d supervised training rows (%s), %d tokens with a loss, %d held-out pairs", d.path or d.name,
+             len(data.train), fmt, counted, len(data.eval))
+    warn_if_smaller_than_batch(len(data.train), cfg.trainer.batch_size, f"{d.path or d.name}: the training rows")
+    return data, {**stats, "sft_rows": len(data.train), "sft_tokens": counted}
+
+
 def offline_data(cfg: Config, tokenizer, reward_fn, train_prompts, eval_prompts, device: torch.device,
-                 kind: str = "pairs"):
-    """What an offline plugin trains on (its declared ``data``): :func:`preference_data` or :func:`unpaired_data`."""
+                 kind: str = "pairs", loss: LossTokens | None = None):
+    """What an offline plugin trains on (its declared ``data``): :func:`preference_data`, :func:`unpaired_data` or
+    :func:`sequence_data` (with the plugin's declared ``loss`` tokens)."""
+    if kind == "sequences":
+        return sequence_data(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device, loss)
     fn = unpaired_data if kind == "unpaired" else preference_data
     return fn(cfg, tokenizer, reward_fn, train_prompts, eval_prompts, device)
 
@@ -178,9 +215,10 @@ def build_gold_reward(cfg: Config):
 
 
 def heldout_pair_prompts(cfg: Config, tokenizer) -> PromptSet | None:
-    """Offline runs on a preference file: the prompts of its held-out pairs (the same split as
-    :func:`preference_data`), so the shared evaluation can sample answers to them (reward, KL, diversity);
-    None, with a warning, when the file's prompts cannot serve (no ``prompt`` column, over-long prompts)."""
+    """Offline runs on a data file: the prompts of its held-out rows (the same split as :func:`preference_data`), so
+    the shared evaluation can sample answers to them (reward, KL, diversity); a ``messages`` file's prompts are its
+    held-out conversations up to their first assistant turn. None, with a warning, when the file's prompts cannot
+    serve (no ``prompt`` or ``messages`` column: a text file; over-long prompts)."""
     from prefzoo.errors import DataError
 
     d = cfg.data
@@ -189,11 +227,23 @@ def heldout_pair_prompts(cfg: Config, tokenizer) -> PromptSet | None:
             table = load_table(d.path, d.eval_split)
         else:
             table = split_held_out(load_table(d.path, d.split), d.eval_fraction, d.seed, d.path)[1]
+        if "prompt" not in table.column_names and "messages" in table.column_names:
+            table = table.add_column("prompt", [_before_first_reply(m) for m in table["messages"]])
         return tokenize_prompts(table, tokenizer, d.max_prompt_length, "skip", f"{d.path} (held-out prompts)")
     except DataError as err:
         log.warning("no held-out prompts from %s for the task evaluation (reward, KL, diversity are left out): %s",
                     cfg.data.path, err)
         return None
+
+
+def _before_first_reply(messages):
+    """A conversation's messages before its first assistant turn (all of them without one): its prompt; None (a bad
+    prompt, skipped) when that is nothing or the value is not a list of messages."""
+    if not isinstance(messages, list):
+        return None
+    first = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+                 len(messages))
+    return messages[:first] or None
 
 
 def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:

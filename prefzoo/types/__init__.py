@@ -31,11 +31,12 @@ from prefzoo.objective import TokenLogits
 from prefzoo.types.batches import (PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN, Batch, EpisodeLog, Experience, PreferenceBatch,
                                    PromptBatch, Reply, SequenceBatch, UnpairedBatch, episode_metrics, pad_cat,
                                    position_ids_from_mask, sequence_rewards)
-from prefzoo.types.contracts import (NO_STEP, CorrectionSettings, DistillationPolicy, LossOutput, ObjectiveSettings, Policy,
+from prefzoo.types.contracts import (NO_STEP, CorrectionSettings, DistillationPolicy, LossOutput, LossTokens,
+                                     ObjectiveSettings, Policy,
                                      RolloutEngine, SamplingParams, Scorer, StepContext, ValueHeadSpec, ValuePolicy)
 
 __all__ = ["Batch", "SequenceBatch", "Reply", "EpisodeLog", "episode_metrics", "PromptBatch", "PreferenceBatch",
            "DistillationPolicy", "TokenLogits", "UnpairedBatch", "Experience", "SamplingParams", "LossOutput",
-           "Policy", "ValuePolicy", "Scorer", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN",
+           "Policy", "ValuePolicy", "Scorer", "LossTokens", "ObjectiveSettings", "ValueHeadSpec", "ROLLOUT_SEED_COLUMN",
            "PROMPT_MESSAGES", "sequence_rewards", "pad_cat", "CorrectionSettings", "RolloutEngine", "StepContext",
            "NO_STEP", "position_ids_from_mask"]

@@ -12,7 +12,7 @@ from prefzoo.objective import TokenLogits
 from prefzoo.types.batches import PromptBatch, SequenceBatch
 
 __all__ = ["SamplingParams", "CorrectionSettings", "LossOutput", "Policy", "ValuePolicy", "DistillationPolicy", "Scorer",
-           "ValueHeadSpec", "ObjectiveSettings", "RolloutEngine", "StepContext", "NO_STEP"]
+           "ValueHeadSpec", "LossTokens", "ObjectiveSettings", "RolloutEngine", "StepContext", "NO_STEP"]
 
 
 @dataclass
@@ -155,6 +155,23 @@ class ValueHeadSpec:
 
     adapter: str = "separate"
     init: str = "zeros"
+
+
+@dataclass(frozen=True)
+class LossTokens:
+    """Which tokens of a supervised row carry the loss, as a plugin that trains on sequences (``data="sequences"``:
+    SFT) declares them; the data layer builds each row's ``completion_mask`` from it (:mod:`prefzoo.data.sft`). The
+    names and meanings are TRL's ``SFTConfig`` keys.
+
+    Attributes:
+        completion_only_loss: prompt/completion rows (and a preference file's prompt + chosen): the completion's
+            tokens only (True) or every token after the first (False: the prompt's too).
+        assistant_only_loss: ``messages`` rows: the assistant turns' tokens only (True) or every token after the
+            first (False: the system, user and tool messages and the chat template's headers too).
+    """
+
+    completion_only_loss: bool
+    assistant_only_loss: bool
 
 
 @dataclass

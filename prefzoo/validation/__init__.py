@@ -11,7 +11,7 @@ in this order:
 * the settings against the plugin's declaration (:mod:`prefzoo.validation.plugin`) -- the rows per process and step,
   the model parts (the weights' dtype, the reference mode, the value head's adapter), a controller, a correction,
   a divergence the plugin honours, an environment it can play, the rows of a step for its mini-batches, a KL budget
-  something measures, what runs in one process only, reward shaping;
+  something measures, what runs in one process only, reward shaping, demonstrations for a plugin that trains on them;
 * the machine (:mod:`prefzoo.validation.machine`) -- vLLM installed (and the LoRA rank it serves) for
   ``rollout.engine=vllm``; the servers of
   ``rollout.engine=vllm_server`` answer and serve the run's model;
@@ -21,8 +21,9 @@ in this order:
 from __future__ import annotations
 
 from prefzoo.validation.machine import check_engine_installed, check_rollout_servers
-from prefzoo.validation.plugin import (check_batch_size, check_correction_support, check_divergence_support,
-                                       check_early_stopping_reported, check_environment, check_explicit_reward,
+from prefzoo.validation.plugin import (check_batch_size, check_correction_support, check_demonstrations,
+                                       check_divergence_support, check_early_stopping_reported, check_environment,
+                                       check_explicit_reward,
                                        check_kl_budget, check_kl_controller, check_model_parts, check_parallel,
                                        check_reward_shaping, check_step_rows, has_reference)
 from prefzoo.validation.references import (check_adapter_path, check_annotator, check_early_stopping_metric,
@@ -35,7 +36,8 @@ __all__ = ["check_run", "check_names", "check_annotator", "check_ood_eval", "che
            "check_teacher_fits", "check_batch_size", "check_kl_controller", "check_divergence_support",
            "check_explicit_reward", "check_correction_support", "check_environment", "check_step_rows",
            "has_reference", "check_kl_budget", "check_model_parts", "check_early_stopping_reported", "check_parallel",
-           "check_reward_shaping", "check_engine_installed", "check_rollout_servers", "warn_idle", "warn_ignored"]
+           "check_reward_shaping", "check_demonstrations", "check_engine_installed", "check_rollout_servers",
+           "warn_idle", "warn_ignored"]
 
 
 def check_run(cfg, declaration, processes: int, overrides: list[str] | None = None) -> None:
@@ -62,6 +64,7 @@ def check_run(cfg, declaration, processes: int, overrides: list[str] | None = No
     check_explicit_reward(cfg, overrides)  # data=reasoning_gym with reward=arithmetic written out
     check_reward_shaping(cfg, d)  # gdpo, the overlong penalty
     check_step_rows(cfg, d.num_minibatches, d.num_samples)  # mini-batches within a step's rows
+    check_demonstrations(cfg, d)  # data.demonstrations: SFT on a built-in task with known answers
     check_kl_budget(cfg, d)  # something measures the KL it compares
     check_parallel(cfg, d, processes)  # the in-process vLLM engine, the rollout worker, dynamic sampling: one process
     check_engine_installed(cfg)  # rollout.engine=vllm: vLLM here

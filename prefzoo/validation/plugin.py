@@ -8,7 +8,7 @@ from prefzoo.errors import ConfigError
 
 __all__ = ["check_reward_shaping", "check_parallel", "check_batch_size", "check_kl_controller",
            "check_divergence_support", "check_explicit_reward", "check_correction_support", "check_environment",
-           "check_step_rows", "has_reference", "check_kl_budget"]
+           "check_step_rows", "has_reference", "check_kl_budget", "check_demonstrations"]
 
 
 def check_batch_size(cfg, min_rows: int, processes: int = 1) -> None:
@@ -244,3 +244,26 @@ def check_early_stopping_reported(cfg, declaration) -> None:
                "(task_reward, task_accuracy, ...)")
     if why:
         raise ConfigError(f"trainer.early_stopping.metric={metric!r} is not reported by this run: {why}.")
+
+
+def check_demonstrations(cfg, declaration) -> None:
+    """``data.demonstrations=true`` (a built-in task's prompts with their known answers) needs a plugin that trains on
+    supervised sequences (``data="sequences"``: SFT) and a built-in task with known answers, not a file.
+
+    Raises:
+        ConfigError: a plugin that samples its own data or trains on pairs or labelled rows; ``data.path`` given
+            (a file's rows are read as they are); the sentiment task (no known answers).
+    """
+    d = cfg.data
+    if not d.demonstrations:
+        return
+    if declaration.online or declaration.data != "sequences":
+        what = "samples its own completions" if declaration.online else f"trains on {declaration.data}"
+        raise ConfigError(f"data.demonstrations=true: algo={cfg.algo.name} {what}; demonstrations are one known answer "
+                          "per prompt, what algo=sft trains on. Use algo=sft, or drop data.demonstrations.")
+    if d.path:
+        raise ConfigError(f"data.demonstrations=true applies to the built-in tasks' known answers, not to data.path="
+                          f"{d.path} (a file's rows are read as they are: give a prompt/completion file). Drop one.")
+    if d.name not in ("arithmetic", "reasoning_gym"):
+        raise ConfigError(f"data.demonstrations=true: data={d.name} has no known answers to demonstrate; use "
+                          "data=arithmetic or data=reasoning_gym.")

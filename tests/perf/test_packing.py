@@ -125,6 +125,24 @@ def test_pack_layout_by_hand():
     assert [(s.start, s.end, s.mask) for s in alone.segments] == [(0, 5, None), (5, 10, None), (10, 14, None)]
 
 
+def test_pack_layout_of_completions_with_uncounted_tokens_by_hand():
+    """SFT on a conversation: row 0's completion [31, 32, 33, 34] counts 31 and 34 (32, 33: a user turn, attended to,
+    not trained on); row 1 (prompt [21]) counts [41, 42]. Packed: [11 12 | 31 32 33 34] [21 | 41 42], every completion
+    token once; predicting positions of the counted tokens only: 31 <- 12 (packed 1), 34 <- 33 (4); 41 <- 21 (6),
+    42 <- 41 (7)."""
+    batch = sequence_batch([[11, 12], [21]], [[31, 32, 33, 34], [41, 42]])
+    batch.token_mask = batch.completion_mask.clone()
+    batch.completion_mask[0, 1:3] = False
+    packed = pack_batch(batch)
+    assert packed.input_ids.tolist() == [[11, 12, 31, 32, 33, 34, 21, 41, 42]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 0, 1, 2]]
+    assert packed.source.tolist() == [1, 4, 6, 7]
+    assert [(s.start, s.end, s.mask) for s in packed.segments] == [(0, 6, None), (6, 9, None)]
+    batch.completion_mask[1, 0] = True
+    batch.token_mask[1, 0] = False  # a counted token the pass would not attend to: no layout
+    assert pack_batch(batch) is None
+
+
 def test_layouts_the_packed_pass_cannot_reproduce_are_refused():
     """A hole in a completion mask, or a row with counted completion tokens but no prompt token: None (padded)."""
     batch = sequence_batch([[1, 2], [3]], [[4, 5, 6], [7]])
@@ -311,6 +329,8 @@ def test_plugin_losses_metrics_and_gradients_equal_padded(monkeypatch, algo_name
     that rounding in either layout (4.8e-5 apart here, 7.7e-7 of the largest metric at most)."""
     batch = pairs_batch([PreferenceExample(ids(6, 0), ids(30, 6), ids(1, 7))])  # pair 0's prompt again
     algo, padded = built(monkeypatch, algo_name, False, **kwargs)
+    if algo.declaration.data == "sequences":  # SFT: the pairs' chosen sides, as it reads a preference file
+        batch = batch.chosen
     want_m, want_g = step(algo, padded, batch, 2)
     algo, packed = built(monkeypatch, algo_name, True, like=padded, **kwargs)
     assert packed.policy.padding_free and not padded.policy.padding_free
@@ -343,3 +363,38 @@ def test_micro_batching_is_unaffected_by_packing(monkeypatch):
 def test_online_plugins_keep_padded_passes(monkeypatch):
     algo, b = built(monkeypatch, "grpo", True)
     assert not b.policy.padding_free
+
+
+@pytest.mark.numerics
+def test_sft_on_conversations_packed_equals_padded(monkeypatch):
+    """SFT's loss, metric and LoRA gradients on supervised rows whose completions hold tokens without a loss (a
+    two-turn conversation: its user turn is attended to, not trained on; algo.assistant_only_loss, the default), a
+    one-turn conversation and a text row, in micro-batches of 2: packed = padded, within the file's bounds (REL of the
+    largest, kind 3, as every plugin above), and every pass is one packed row that holds every completion token once.
+    Before packing read token_mask, such a batch ran padded."""
+    import datasets
+
+    from prefzoo.data.sft import collate_sft, tokenize_sft
+    from prefzoo.types import LossTokens
+    from tests.data.test_sft import TALK
+
+    rows = [{"messages": TALK}, {"messages": [{"role": "user", "content": "2 + 3?"}, {"role": "assistant",
+                                                                                          "content": "5"}]}]
+    examples = tokenize_sft(datasets.Dataset.from_list(rows), tokenizer(), LossTokens(True, True), 256, 128)
+    examples += tokenize_sft(datasets.Dataset.from_list([{"text": "The sky is blue today."}]), tokenizer(),
+                             LossTokens(True, True), 256, 128)
+    batch = collate_sft(examples, tokenizer().pad_token_id)
+    assert batch.token_mask is not None and bool((batch.token_mask & ~batch.completion_mask).any())
+    algo, padded = built(monkeypatch, "sft", False)
+    want_m, want_g = step(algo, padded, batch, 2)
+    algo, packed = built(monkeypatch, "sft", True, like=padded)
+    ready(packed.policy)
+    with InputSpy(packed.model) as spy:
+        got_m, got_g = step(algo, packed, batch, 2)
+    real = [int(batch.select(part).prompt_mask.sum() + batch.select(part).token_mask.sum()) for part in ([0, 1], [2])]
+    assert spy.shapes == [(1, real[0]), (1, real[1])]
+    scale = max(1.0, *(abs(v) for v, _ in want_m.values()))
+    for k in want_m:
+        assert got_m[k][1] == want_m[k][1]
+        assert abs(got_m[k][0] - want_m[k][0]) <= REL * scale, (k, got_m[k][0], want_m[k][0])
+    close_grads(got_g, want_g)
