@@ -226,11 +226,12 @@ def _train_in(checked, out: Path, task_cfg, hydra_node, words: list[str]) -> tup
     from prefzoo.training.distributed import setup_data_parallel
     from prefzoo.training.loop import Trainer, write_resolved_config
     from prefzoo.training.run_folder import open_run_folder
-    from prefzoo.training.setup import pick_device
+    from prefzoo.training.setup import pick_device, resolve_precision
 
     dp = setup_data_parallel(typed, pick_device(typed.trainer.device))
     try:
         out = Path(dp.broadcast_object(str(out)))
+        resolve_precision(typed, dp.device or pick_device(typed.trainer.device))  # model.dtype=auto, before config.yaml
         folder = open_run_folder(typed, out, dp)  # writable, not in use, resumable with this config
         if dp.is_main:
             _write_hydra_files(out, task_cfg if task_cfg is not None else OmegaConf.structured(typed), hydra_node, words)

@@ -252,10 +252,11 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         from prefzoo.training.distributed import setup_data_parallel
         from prefzoo.training.loop import Trainer, write_resolved_config
         from prefzoo.training.run_folder import open_run_folder, record_hydra_run
-        from prefzoo.training.setup import pick_device
+        from prefzoo.training.setup import pick_device, resolve_precision
 
         dp = setup_data_parallel(typed, pick_device(typed.trainer.device))
         out = Path(dp.broadcast_object(str(run_dir())))
+        resolve_precision(typed, dp.device or pick_device(typed.trainer.device))  # model.dtype=auto, before config.yaml
         folder = open_run_folder(typed, out, dp)  # writable, not in use, resumable with this config: before config.yaml
         if dp.is_main:
             record_hydra_run(out, cfg)  # .hydra/ and train.log, now that the folder is accepted (nothing before)

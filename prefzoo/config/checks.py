@@ -115,7 +115,7 @@ def _check_objective(cfg: Config) -> None:
 def _check_model(cfg: Config) -> None:
     """The ``model`` values (:func:`validate`)."""
     m = cfg.model
-    _choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
+    _choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16", "auto"))
     if m.compute_dtype is not None:
         _choice("model.compute_dtype", m.compute_dtype, ("float32", "bfloat16", "float16"))
     _positive("model.fast.head_chunk_size", m.fast.head_chunk_size)

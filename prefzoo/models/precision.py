@@ -43,7 +43,7 @@ from torch import nn
 
 from prefzoo.errors import ConfigError
 
-__all__ = ["check_weight_dtype", "keep_trainable_float32", "native_bf16", "warn_if_emulated"]
+__all__ = ["check_weight_dtype", "keep_trainable_float32", "native_bf16", "warn_if_emulated", "resolve_auto_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,31 @@ def native_bf16(device: torch.device) -> bool:
         except (AttributeError, RuntimeError):  # a torch without the check: assume it may
             return True
     return True
+
+
+def resolve_auto_dtype(lora_enabled: bool, quantization: str, device: torch.device) -> tuple[str, str]:
+    """What ``model.dtype=auto`` stores the frozen base weights in, and why (a sentence for the log).
+
+    bfloat16 where it is both fast and safe: the device multiplies bf16 natively (:func:`native_bf16`: CUDA with bf16,
+    a CPU with ``avx512_bf16`` or AMX) AND what trains is not the base (LoRA on, so the adapter, its optimizer state
+    and every trained weight stay float32: :func:`keep_trainable_float32`). float32 otherwise: a device without native
+    bf16 (emulated bf16 is 5-40x slower), full fine-tuning (its weights would train in bf16: choose
+    ``model.compute_dtype=bfloat16``, autocast over float32 weights, explicitly), or 4-bit weights (nf4 storage; their
+    compute dtype stays the explicit ``model.dtype``'s).
+
+    Returns:
+        (``"bfloat16"`` or ``"float32"``, the reason in one sentence).
+    """
+    where = (torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else str(device))
+    if not native_bf16(device):
+        return "float32", f"this device ({where}) has no native bf16 matmuls"
+    if not lora_enabled:
+        return "float32", ("full fine-tuning (model.lora.enabled=false) would train bf16 weights; "
+                           "model.compute_dtype=bfloat16 gives autocast over float32 weights")
+    if quantization != "none":
+        return "float32", f"model.quantization={quantization} keeps its own storage"
+    return "bfloat16", (f"this device ({where}) multiplies bf16 natively; the frozen base is bf16, the LoRA adapter and "
+                        "its optimizer float32, log-probs and losses float32")
 
 
 def warn_if_emulated(dtypes: dict[str, str | None], device: torch.device) -> None:
@@ -80,12 +105,13 @@ def warn_if_emulated(dtypes: dict[str, str | None], device: torch.device) -> Non
 
 
 def check_weight_dtype(dtype: str, lora_enabled: bool, trains: bool) -> None:
-    """Refuse ``model.dtype`` other than float32 where every weight would train in it (full fine-tuning).
+    """Refuse ``model.dtype`` other than float32 where every weight would train in it (full fine-tuning). ``auto``
+    passes: it is float32 there (:func:`resolve_auto_dtype`).
 
     Raises:
         ConfigError: ``dtype`` is bfloat16/float16, LoRA is off and the algorithm trains.
     """
-    if dtype != "float32" and not lora_enabled and trains:
+    if dtype not in ("float32", "auto") and not lora_enabled and trains:
         raise ConfigError(
             f"model.dtype={dtype} stores the frozen base weights in {dtype}, but with model.lora.enabled=false every "
             f"weight trains, and updates smaller than {dtype}'s resolution (2^-8 of a weight for bfloat16) would be "

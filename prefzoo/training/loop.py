@@ -70,7 +70,7 @@ from prefzoo.training.plugin import build_algorithm
 from prefzoo.training.resume import continue_schedule, run_config
 from prefzoo.training.run_folder import RunFolder, open_run_folder, unlock_run_folder
 from prefzoo.training.scoring import TextScorer
-from prefzoo.training.setup import (build_reward, check_reward_columns, heldout_pair_prompts, offline_data, pick_device,
+from prefzoo.training.setup import (resolve_precision, build_reward, check_reward_columns, heldout_pair_prompts, offline_data, pick_device,
                                     probe_environment, probe_reward, task_prompts)
 from prefzoo.training.sharding import reduce_metrics
 from prefzoo.training.step import accumulate_gradients, mean_metrics, optimisation_step  # noqa: F401 (re-exported)
@@ -136,6 +136,7 @@ class Trainer:
         self.dp = dp if dp is not None else setup_data_parallel(cfg, pick_device(t.device))
         self.device = self.dp.device or pick_device(t.device)
         resolve_defaults(cfg)
+        resolve_precision(cfg, self.device)  # model.dtype=auto -> what this device runs well (before config.yaml is saved)
         self.folder = folder if folder is not None else open_run_folder(cfg, self.run_dir, self.dp)
         self.algo: Algorithm = algo if algo is not None else build_algorithm(cfg)  # the pre-flight's, or built here
         self.objective, self.sampling = self.algo.objective, self.algo.sampling

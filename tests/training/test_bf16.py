@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from pathlib import Path
 import torch
 
 from safetensors.torch import load_file
@@ -367,3 +368,43 @@ def test_a_float16_setting_on_a_cpu_warns_and_on_a_gpu_does_not(caplog):
         with caplog.at_level(logging.WARNING, logger="prefzoo.models.precision"):
             precision.warn_if_emulated({"model.dtype": "float32", "model.compute_dtype": "float16"}, device)
         assert ("model.compute_dtype=float16 on the CPU: CPUs have no float16 matmul kernels" in caplog.text) is expected
+
+
+def test_auto_picks_bf16_only_where_it_is_native_and_the_base_is_frozen(monkeypatch):
+    """``model.dtype=auto`` (prefzoo.models.precision.resolve_auto_dtype): bfloat16 with native bf16 matmuls and LoRA
+    on; float32 without native bf16 (emulated bf16 is 5-40x slower), for full fine-tuning (its weights would train in
+    bf16) and for 4-bit weights. The reason comes with it (logged once by the trainer)."""
+    import prefzoo.models.precision as precision
+
+    cpu = torch.device("cpu")
+    for native in (True, False):
+        monkeypatch.setattr(precision, "native_bf16", lambda device, native=native: native)
+        dtype, why = precision.resolve_auto_dtype(True, "none", cpu)
+        assert dtype == ("bfloat16" if native else "float32")
+        assert ("multiplies bf16 natively" if native else "no native bf16") in why
+        assert precision.resolve_auto_dtype(False, "none", cpu)[0] == "float32"
+        assert precision.resolve_auto_dtype(True, "4bit", cpu)[0] == "float32"
+    precision.check_weight_dtype("auto", lora_enabled=False, trains=True)  # auto is float32 there: not refused
+
+
+def test_an_auto_run_records_the_dtype_it_used(monkeypatch, tmp_path, caplog):
+    """``model.dtype=auto`` is replaced before the run folder is written: config.yaml (and so the resume check) and the
+    model card say ``bfloat16`` on a device with native bf16, and the log line says why. One step on the tiny model
+    through the Python API (the command line's path)."""
+    import logging
+
+    import prefzoo
+    import prefzoo.models.precision as precision
+    from tests.shared_runs import FIXTURE, ROOT
+
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    with caplog.at_level(logging.INFO, logger="prefzoo.training.setup"):
+        result = prefzoo.train(["algo=sft", "model=tiny", "model.dtype=auto", "data=file", f"data.path={ROOT / FIXTURE}",
+                                "data.max_length=96", "data.max_prompt_length=64", "model.lora.r=4",
+                                "trainer.max_steps=1", "trainer.batch_size=2", "trainer.device=cpu",
+                                "trainer.save_every=0", "trainer.report_to=[none]", "trainer.num_threads=1",
+                                "eval.before=false", "eval.after=false"], run_dir=str(tmp_path / "run"))
+    run = Path(result.run_dir)
+    assert "model.dtype=auto: bfloat16 (this device" in caplog.text
+    assert "  dtype: bfloat16" in (run / "config.yaml").read_text()
+    assert "**Dtype:** bfloat16" in (run / "adapter" / "README.md").read_text()
