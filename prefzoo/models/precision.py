@@ -48,13 +48,37 @@ __all__ = ["check_weight_dtype", "keep_trainable_float32", "native_bf16", "warn_
 log = logging.getLogger(__name__)
 
 
+#: CPU feature flags (Linux ``/proc/cpuinfo``) of bf16 multiply units: x86's AVX512-BF16 and AMX-BF16, Arm's FEAT_BF16
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from Linux's ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``), or None where the
+    file does not say (another OS)."""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
 def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bf16 natively: CUDA's ``is_bf16_supported``; on CPU, oneDNN's bf16 support
-    (``avx512_bf16`` / AMX). Without it (e.g. an AVX2-only CPU) bf16 matmuls are emulated: measured on an AMD EPYC
-    with AVX2, one thread, a 1000 x 576 x 1536 matmul: float32 34 GFLOP/s, bf16 0.8-6 GFLOP/s."""
+    """Whether ``device`` multiplies bf16 natively: CUDA's ``is_bf16_supported``; on a CPU, the feature flags of bf16
+    units (:data:`BF16_CPU_FLAGS`: ``avx512_bf16``, AMX, Arm's ``bf16``), else oneDNN's own answer where the OS does
+    not list flags. oneDNN's ``_is_mkldnn_bf16_supported`` alone is not enough: it says True for any AVX-512 CPU,
+    where bf16 is converted in software. Measured (torch 2.13, one thread, a 1024 x 1024 x 1024 matmul): an Intel
+    Xeon with AVX-512 but no ``avx512_bf16`` (this project's machine in Dec 2026, loaded): float32 114 GFLOP/s, bf16
+    27; an AMD EPYC with AVX2 only: float32 34, bf16 0.8-6 (a 1000 x 576 x 1536 matmul)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
+        flags = cpu_flags()
+        if flags is not None:
+            return bool(flags & BF16_CPU_FLAGS)
         try:
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         except (AttributeError, RuntimeError):  # a torch without the check: assume it may

@@ -408,3 +408,19 @@ def test_an_auto_run_records_the_dtype_it_used(monkeypatch, tmp_path, caplog):
     assert "model.dtype=auto: bfloat16 (this device" in caplog.text
     assert "  dtype: bfloat16" in (run / "config.yaml").read_text()
     assert "**Dtype:** bfloat16" in (run / "adapter" / "README.md").read_text()
+
+
+def test_native_bf16_on_a_cpu_needs_bf16_units_not_just_avx512(monkeypatch):
+    """oneDNN calls any AVX-512 CPU bf16-capable, but without ``avx512_bf16`` (or AMX, or Arm's ``bf16``) its bf16
+    matmuls are converted in software: on this project's Intel Xeon (AVX-512, no avx512_bf16) a 1024^3 matmul ran at
+    114 GFLOP/s in float32 and 27 in bf16 (one thread). The flags decide; without /proc/cpuinfo, oneDNN's answer."""
+    import prefzoo.models.precision as precision
+
+    cpu = torch.device("cpu")
+    for flags, native in (({"avx512f", "avx512_vnni"}, False), ({"avx512f", "avx512_bf16"}, True),
+                          ({"amx_tile", "amx_bf16"}, True), ({"asimd", "bf16"}, True), ({"avx2"}, False)):
+        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert precision.native_bf16(cpu) is native, flags
+    monkeypatch.setattr(precision, "cpu_flags", lambda: None)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert precision.native_bf16(cpu) is False
