@@ -194,6 +194,29 @@ def test_an_environment_that_exits_in_the_worker_is_the_synchronous_runs_one_lin
     assert lines[0] == lines[1] and "at turn 1" in lines[0] and "during training step 1" in lines[0]
 
 
+def test_an_environment_that_cannot_travel_back_is_named_in_the_worker():
+    """An instance that stops pickling after the pre-flight's check (a lock taken in ``step``): the worker checks a
+    batch before it queues it, and the run stops with one EnvironmentFailure naming the class and the way out, where a
+    queue's own pickling error is printed in its feeder thread and the message lost (the trainer would wait for
+    rollout.async_timeout, 600 s). In process: the worker's check on a one-episode batch."""
+    import threading
+
+    from prefzoo.errors import EnvironmentFailure
+    from prefzoo.rollout.async_rollouts import _check_sendable
+    from prefzoo.types import EpisodeLog, SequenceBatch
+    from tests.environments.envs import GuessEnv
+
+    env = GuessEnv()
+    ids, mask = torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool)
+    batch = SequenceBatch(ids, mask, ids, mask, episodes=[EpisodeLog(messages=[], answer="", environment=env)])
+    _check_sendable(batch)
+    env.lock = threading.Lock()
+    with pytest.raises(EnvironmentFailure, match=r"a GuessEnv instance cannot be sent from the rollout worker to the "
+                                                 r"trainer \(TypeError: cannot pickle '_thread.lock' object\)") as err:
+        _check_sendable(batch)
+    assert "rollout.asynchronous=false" in str(err.value) and "\n" not in str(err.value)
+
+
 # ------------------------------------------------------------------------------------------------ worker faults
 # (the worker builds from tests/rollout/faulty_workers.py, which imports torch alone: a spawned worker imports the
 # module its builder lives in, and this one imports the whole training loop)
