@@ -33,8 +33,9 @@ episode's environment instance comes back with its rollout (TRL's reward functio
 only). An error prefzoo raises on purpose in the worker (a :class:`~prefzoo.errors.PrefzooError`: an environment's
 :class:`~prefzoo.errors.EnvironmentFailure`, ``SystemExit`` in its ``step`` included, or a malformed reply's
 :class:`~prefzoo.errors.DataError`) comes back as itself, and the trainer raises it: the same one line as in a
-synchronous run. Anything else the worker raises is a :class:`~prefzoo.errors.RolloutWorkerError` naming it. The worker ignores Ctrl-C (SIGINT reaches the whole process group): the trainer stops, and stops it. A trainer
-that dies without stopping it (``kill -9``, an out-of-memory kill) is noticed by the worker itself: a thread of its own
+synchronous run. Anything else the worker raises is a :class:`~prefzoo.errors.RolloutWorkerError` naming it. The
+worker ignores Ctrl-C (SIGINT reaches the whole process group): the trainer stops, and stops it. A trainer that dies
+without stopping it (``kill -9``, an out-of-memory kill) is noticed by the worker itself: a thread of its own
 waits on the parent's sentinel and ends the worker at once (:func:`_exit_with_parent`), so no orphan keeps its memory
 or the trainer's output pipe.
 """
@@ -136,10 +137,10 @@ def _check_sendable(batch: SequenceBatch) -> None:
         except Exception as err:  # noqa: BLE001 -- pickling user objects raises many kinds
             name = type(log.environment).__name__
             raise EnvironmentFailure(
-                f"env: a {name} instance cannot be sent from the rollout worker to the trainer ({describe_error(err)}); "
-                f"with rollout.asynchronous=true each episode's environment travels with its rollout (the reward "
+                f"env: a {name} instance cannot be sent from the rollout worker to the trainer "
+                f"({describe_error(err)}); with rollout.asynchronous=true each episode's environment travels with its rollout (the reward "
                 f"functions read it): keep {name}'s state picklable (open connections in reset, not __init__; no "
-                "lambdas or locks in its attributes), or set rollout.asynchronous=false", method=f"{name}.__reduce__",
+                "lambdas or locks in its attributes), or set rollout.asynchronous=false", method=name,
                 cause=describe_error(err)) from None
 
 
