@@ -239,9 +239,9 @@ def check_asynchronous(cfg: Config) -> None:
 
     Raises:
         ConfigError: a staleness bound < 0, a timeout or thread count <= 0; the vLLM engine (it has its own process);
-            ``env=...`` (multi-turn episodes run in the trainer's process); LoRA off or
-            ``model.fast.merged_rollout=false`` (the worker receives the adapter and samples its merged copy);
-            4-bit weights or ``model.compute_dtype`` (the worker samples in the weights' own dtype, without autocast).
+            LoRA off or ``model.fast.merged_rollout=false`` (the worker receives the adapter and samples its merged
+            copy); 4-bit weights or ``model.compute_dtype`` (the worker samples in the weights' own dtype, without
+            autocast). Multi-turn episodes (``env=...``) run in the worker, the environment built there.
     """
     r, m = cfg.rollout, cfg.model
     if not isinstance(r.max_staleness, int) or r.max_staleness < 0:
@@ -252,9 +252,6 @@ def check_asynchronous(cfg: Config) -> None:
         raise ConfigError(f"rollout.async_threads={r.async_threads!r}: the worker's torch threads, an integer >= 1.")
     refusals = [
         (r.engine != "hf", f"rollout.engine={r.engine} (the worker runs prefzoo's hf decode loop; use rollout.engine=hf)"),
-        (getattr(cfg, "env", None) is not None and cfg.env.name != "none",
-         f"env={getattr(getattr(cfg, 'env', None), 'name', '')} (multi-turn episodes run in the trainer's process; drop "
-         "env= or rollout.asynchronous)"),
         (not m.lora.enabled or not m.fast.merged_rollout,
          "model.lora.enabled=false or model.fast.merged_rollout=false (the worker receives the LoRA adapter and samples "
          "its merged copy)"),

@@ -94,9 +94,17 @@ def episode_factory(env_cfg) -> Callable[[], Any] | None:
         return None
     if name in BUILTIN_ENVIRONMENTS:
         cls = BUILTIN_ENVIRONMENTS[name]
-        if cls is RetryEnvironment:
-            cls = type("RetryEnvironment", (RetryEnvironment,), {"turn_cost": float(env_cfg.turn_cost)})
-        return _factory_of(cls, f"env={name}", env_cfg.tool_timeout)
+        factory = _factory_of(cls, f"env={name}", env_cfg.tool_timeout)
+        if cls is not RetryEnvironment:
+            return factory
+        cost = float(env_cfg.turn_cost)
+
+        def retry_episode():  # env.turn_cost on the instance: its class stays importable, so it pickles (async)
+            episode = factory()
+            episode.instance.turn_cost = cost
+            return episode
+
+        return retry_episode
     if name != "custom":
         raise ConfigError(f"env={name!r} is not an environment; choose one of {', '.join(ENV_NAMES)}.")
     if not env_cfg.target:

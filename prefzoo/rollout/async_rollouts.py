@@ -23,10 +23,19 @@ current weights and, with ``rollout.correction.mode``, weights by pi_old / pi_be
 pi_old. Without either, the staleness is logged and not corrected; the tabular rows of the conformance table show
 that bounded staleness moves no fixed point, and a persistent mismatch does unless both terms are weighted.
 
+**Multi-turn episodes** (``env=...``): the worker's engine is the multi-turn layer over its hf engine
+(:class:`~prefzoo.rollout.multiturn.MultiTurnEngine`, the environment built in the worker from its import path), so
+whole episodes run there, turn by turn, with the same per-episode seeds, masks and budget as in the trainer; each
+episode's environment instance comes back with its rollout (TRL's reward functions read it as ``environments=``).
+
 **Faults.** A worker that dies or stops answering for ``rollout.async_timeout`` seconds stops the run with one line
 (:class:`~prefzoo.errors.RolloutWorkerError`): the last checkpoint is whole (checkpoints are written by the trainer
-only). The worker ignores Ctrl-C (SIGINT reaches the whole process group): the trainer stops, and stops it. A trainer
-that dies without stopping it (``kill -9``, an out-of-memory kill) is noticed by the worker itself: a thread of its own
+only). An error prefzoo raises on purpose in the worker (a :class:`~prefzoo.errors.PrefzooError`: an environment's
+:class:`~prefzoo.errors.EnvironmentFailure`, ``SystemExit`` in its ``step`` included, or a malformed reply's
+:class:`~prefzoo.errors.DataError`) comes back as itself, and the trainer raises it: the same one line as in a
+synchronous run. Anything else the worker raises is a :class:`~prefzoo.errors.RolloutWorkerError` naming it. The
+worker ignores Ctrl-C (SIGINT reaches the whole process group): the trainer stops, and stops it. A trainer that dies
+without stopping it (``kill -9``, an out-of-memory kill) is noticed by the worker itself: a thread of its own
 waits on the parent's sentinel and ends the worker at once (:func:`_exit_with_parent`), so no orphan keeps its memory
 or the trainer's output pipe.
 """
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import threading
@@ -46,7 +56,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from prefzoo.errors import RolloutWorkerError
+from prefzoo.errors import PrefzooError, RolloutWorkerError, describe_error
 from prefzoo.types import ROLLOUT_SEED_COLUMN, PromptBatch, SamplingParams, SequenceBatch
 
 __all__ = ["AsyncRollouts", "AsyncEngine", "adapter_state"]
@@ -76,7 +86,8 @@ def _worker(build: Callable[[], tuple[nn.Module, object]], threads: int, request
     """The worker process: build the model and its engine, then answer requests in order (see the module docstring).
 
     Messages in: ("weights", version, {name: tensor}), ("sample", step, prompts, num_samples, params, eos_ids, pad_id),
-    ("stop",). Out: ("ready",), ("batch", step, version, batch, seconds), ("error", step, message)."""
+    ("stop",). Out: ("ready",), ("batch", step, version, batch, seconds), ("error", step, message, error): ``error``
+    the :class:`~prefzoo.errors.PrefzooError` itself (raised again by the trainer), or None for anything else."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
     torch.set_num_threads(max(1, int(threads)))
@@ -103,10 +114,47 @@ def _worker(build: Callable[[], tuple[nn.Module, object]], threads: int, request
             _, step, prompts, num_samples, sampling, eos_ids, pad_id = message
             start = time.perf_counter()
             batch = engine.sample(model, prompts, num_samples, sampling, eos_token_ids=eos_ids, pad_id=pad_id)
+            _check_sendable(batch)
             results.put(("batch", step, version, batch, time.perf_counter() - start))
-    except Exception as err:  # noqa: BLE001 -- sent back as one line; the trainer raises it
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        results.put(("error", step, f"{type(err).__name__}: {err} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"))
+    except BaseException as err:  # noqa: BLE001 -- sent back (SystemExit included); the trainer raises it
+        results.put(("error", step, *_sendable_error(err)))
+
+
+def _check_sendable(batch: SequenceBatch) -> None:
+    """(In the worker) the episodes' environment instances can travel to the trainer: a queue pickles a message in a
+    thread of its own, where an error is printed and the message lost (the trainer would wait for it until its
+    timeout), so they are pickled here first.
+
+    Raises:
+        EnvironmentFailure: an instance cannot be pickled (a lock, an open socket, a lambda in its attributes)."""
+    if not batch.episodes:
+        return
+    from prefzoo.errors import EnvironmentFailure
+
+    for log in batch.episodes:
+        try:
+            pickle.dumps(log.environment)
+        except Exception as err:  # noqa: BLE001 -- pickling user objects raises many kinds
+            name = type(log.environment).__name__
+            raise EnvironmentFailure(
+                f"env: a {name} instance cannot be sent from the rollout worker to the trainer "
+                f"({describe_error(err)}); with rollout.asynchronous=true each episode's environment travels with its rollout (the reward "
+                f"functions read it): keep {name}'s state picklable (open connections in reset, not __init__; no "
+                "lambdas or locks in its attributes), or set rollout.asynchronous=false", method=name,
+                cause=describe_error(err)) from None
+
+
+def _sendable_error(err: BaseException) -> tuple[str, PrefzooError | None]:
+    """(In the worker) ``err`` as the trainer receives it: one line, and the error itself when it is one prefzoo
+    raises on purpose (it pickles with its message), so that the trainer raises the same error as a synchronous run."""
+    if isinstance(err, PrefzooError):
+        try:
+            return str(err), pickle.loads(pickle.dumps(err))
+        except Exception:  # noqa: BLE001 -- a subclass whose arguments do not round-trip: its line alone
+            pass
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" ({frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
+    return f"{describe_error(err)}{where}", None
 
 
 class AsyncRollouts:
@@ -132,7 +180,7 @@ class AsyncRollouts:
                                    name="prefzoo-rollout-worker")
         self.process.start()
         self.pending: deque[int] = deque()  # steps submitted and not yet taken, in order
-        self.pending_seeds: deque[list[int]] = deque()  # their prompts' rollout seeds
+        self.pending_prompts: deque[tuple[list[int], torch.Tensor]] = deque()  # their rollout seeds and prompt ids
         self.version: int | None = None  # the newest adapter version sent
         self._receive("ready", None, max(self.timeout, 600.0) if start_timeout is None else float(start_timeout))
 
@@ -159,6 +207,8 @@ class AsyncRollouts:
                 continue
             if message[0] == "error":
                 self.close()
+                if message[3] is not None:  # prefzoo's own error in the worker (an environment's): the same line
+                    raise message[3]
                 raise RolloutWorkerError(f"the rollout worker failed"
                                          + (f" on step {message[1] + 1}" if message[1] is not None else "")
                                          + f": {message[2]}")
@@ -177,16 +227,16 @@ class AsyncRollouts:
         self.requests.put(("sample", int(step), prompts.to("cpu"), int(num_samples), params, list(eos_token_ids),
                            int(pad_id)))
         self.pending.append(int(step))
-        self.pending_seeds.append(list(prompts.columns.get(ROLLOUT_SEED_COLUMN) or []))
+        self.pending_prompts.append((list(prompts.columns.get(ROLLOUT_SEED_COLUMN) or []), prompts.prompt_ids.cpu()))
 
-    def next_pending(self) -> tuple[int, list[int]]:
-        """(step, its prompts' rollout seeds) of the next rollout to take.
+    def next_pending(self) -> tuple[int, list[int], torch.Tensor]:
+        """(step, its prompts' rollout seeds, their ids (B, P) on the CPU) of the next rollout to take.
 
         Raises:
             RolloutWorkerError: none is pending (a schedule bug)."""
         if not self.pending:
             raise RolloutWorkerError("no rollout was submitted to the worker for this step (a schedule bug)")
-        return self.pending[0], self.pending_seeds[0]
+        return self.pending[0], *self.pending_prompts[0]
 
     def take(self, step: int) -> tuple[SequenceBatch, dict[str, float]]:
         """The rollout of ``step`` and its metrics: ``async/staleness`` (step - the version that drew it, <= k),
@@ -195,13 +245,15 @@ class AsyncRollouts:
         Raises:
             RolloutWorkerError: the worker died, failed, or was silent for ``timeout`` s; the next pending rollout is
                 not this step's (a schedule bug).
+            PrefzooError: the one prefzoo raised in the worker (an environment's
+                :class:`~prefzoo.errors.EnvironmentFailure`), as a synchronous run raises it.
         """
         if not self.pending or self.pending[0] != step:
             raise RolloutWorkerError(f"no rollout of step {step + 1} was submitted (pending: {list(self.pending)})")
         start = time.perf_counter()
         _, got, version, batch, seconds = self._receive("batch", step)
         self.pending.popleft()
-        self.pending_seeds.popleft()
+        self.pending_prompts.popleft()
         if got != step:
             raise RolloutWorkerError(f"the rollout worker returned step {got + 1} where step {step + 1} was due")
         staleness = step - version
@@ -256,10 +308,13 @@ class AsyncEngine:
         if self.rollouts is None or seeds is None:
             return self.inner.sample(model, prompts, num_samples, params, eos_token_ids=eos_token_ids, pad_id=pad_id,
                                      generator=generator)
-        step, wanted = self.rollouts.next_pending()
+        step, wanted, submitted = self.rollouts.next_pending()
         batch, self.last_metrics = self.rollouts.take(step)
-        if (list(seeds) != wanted or len(batch) != len(prompts) * num_samples
-                or not torch.equal(batch.prompt_ids[::num_samples].cpu(), prompts.prompt_ids.cpu())):
+        # (a multi-turn rollout's prompts are rendered by the worker's episodes, with the tools and the environment's
+        # first text: they are not the dataset's ids, which the submitted request's are compared with instead)
+        same_prompts = torch.equal(submitted, prompts.prompt_ids.cpu()) and (
+            batch.episodes is not None or torch.equal(batch.prompt_ids[::num_samples].cpu(), submitted))
+        if list(seeds) != wanted or len(batch) != len(prompts) * num_samples or not same_prompts:
             raise RolloutWorkerError(f"the worker's rollout of step {step + 1} is of other prompts than the "
                                      "trainer's (a schedule bug)")
         if not self.keep_logps:

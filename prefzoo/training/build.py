@@ -39,8 +39,8 @@ from prefzoo.types import RolloutEngine
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelParts", "Built", "build_parts", "build_engine", "make_policy", "build_policy", "hf_engine",
-           "build_rollout_worker"]
+__all__ = ["ModelParts", "Built", "build_parts", "build_engine", "multi_turn_layer", "make_policy", "build_policy",
+           "hf_engine", "build_rollout_worker"]
 
 
 @dataclass
@@ -166,11 +166,7 @@ def build_engine(cfg: Config, parts: ModelParts, tokenizer, make_episode: Callab
     it serves a training step's rollout from the worker, everything else (the evaluation) from the layers below."""
     engine = parts.base_engine
     if make_episode is not None:
-        from prefzoo.rollout.multiturn import MultiTurnEngine, MultiTurnSettings
-
-        e = cfg.env
-        engine = MultiTurnEngine(engine, tokenizer, make_episode,
-                                 MultiTurnSettings(e.max_turns, e.max_tokens, e.reward_placement))
+        engine = multi_turn_layer(cfg, engine, tokenizer, make_episode)
     if cfg.rollout.asynchronous and online:
         from prefzoo.rollout.async_rollouts import AsyncEngine
 
@@ -178,6 +174,16 @@ def build_engine(cfg: Config, parts: ModelParts, tokenizer, make_episode: Callab
         # the worker's log-probs serve a correction or the mismatch metrics; else one pass saved
         engine = AsyncEngine(engine, keep_logps=bool(c.mode or c.bypass or r.log_mismatch))
     return engine
+
+
+def multi_turn_layer(cfg: Config, engine: RolloutEngine, tokenizer, make_episode: Callable) -> RolloutEngine:
+    """``engine`` wrapped in the multi-turn layer (``env=...``): episodes of ``make_episode`` with ``cfg.env``'s budget,
+    in the trainer's engine stack and in the asynchronous worker's alike."""
+    from prefzoo.rollout.multiturn import MultiTurnEngine, MultiTurnSettings
+
+    e = cfg.env
+    return MultiTurnEngine(engine, tokenizer, make_episode, MultiTurnSettings(e.max_turns, e.max_tokens,
+                                                                              e.reward_placement))
 
 
 def make_policy(cfg: Config, parts: ModelParts, engine: RolloutEngine | None, tokenizer,
@@ -226,10 +232,15 @@ def build_rollout_worker(cfg: Config):
     """In the asynchronous rollout worker's process (``rollout.asynchronous``, :mod:`prefzoo.rollout.async_rollouts`):
     the policy's LoRA model built as :func:`build_parts` builds it (the same base weights, files and seed; the adapter
     as configured, its values replaced by the trainer's after every step), on the CPU, and the hf engine that samples
-    its merged copy and reports the log-probs it drew with. Returns (model, engine)."""
+    its merged copy and reports the log-probs it drew with; with ``env=...`` the multi-turn layer over it, the
+    environment built here from ``cfg.env`` (its import path), so that whole episodes run in the worker. Returns
+    (model, engine)."""
+    from prefzoo.environments import episode_factory
+
     m = cfg.model
     device = torch.device("cpu")
-    model = load_base_model(m, cfg.trainer.seed, load_tokenizer(m.name), device)
+    tokenizer = load_tokenizer(m.name)
+    model = load_base_model(m, cfg.trainer.seed, tokenizer, device)
     model = wrap_trainable(model, m.lora, quantized=False, adapter_path=m.adapter_path, gradient_checkpointing=False)
     keep_trainable_float32(model, DTYPES[m.dtype])
     if m.fast.gqa_attention:  # the same attention as the trainer's sampler
@@ -237,7 +248,9 @@ def build_rollout_worker(cfg: Config):
 
         use_gqa_attention(model)
     model.eval()
-    return model, hf_engine(cfg, report_logps=True)
+    engine = hf_engine(cfg, report_logps=True)
+    make_episode = episode_factory(cfg.env)
+    return model, engine if make_episode is None else multi_turn_layer(cfg, engine, tokenizer, make_episode)
 
 
 def build_vllm_engine(cfg: Config, base_model: torch.nn.Module, tokenizer):

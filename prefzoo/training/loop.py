@@ -182,7 +182,8 @@ class Trainer:
             self.eval_prompts = heldout_pair_prompts(cfg, self.tokenizer)
         check_reward_columns(cfg, self.train_prompts)  # before any model loads
         make_episode = episode_factory(cfg.env)  # env=...: rollouts and evaluations become episodes
-        environments = probe_environment(make_episode, self.train_prompts)  # a reset that fails stops here
+        environments = probe_environment(make_episode, self.train_prompts,  # a reset that fails stops here
+                                         cfg.rollout.asynchronous and self.declaration.online)
         if self.folder.resume is None:  # a reward that raises or returns NaN: here (a resumed run passed it at its start)
             probe_reward(self.reward_fn, self.train_prompts, environments)
         return make_episode

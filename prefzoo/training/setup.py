@@ -281,17 +281,22 @@ def check_reward_columns(cfg: Config, prompts: PromptSet | None) -> None:
 PLACEHOLDER_COMPLETION = "The answer is 4."
 
 
-def probe_environment(make_episode, prompts: PromptSet | None) -> list | None:
+def probe_environment(make_episode, prompts: PromptSet | None, asynchronous: bool = False) -> list | None:
     """Before the model loads (``env=...``): start one episode on each of the first two training rows, as a rollout
     does, and read its ``get_reward()`` (TRL's contract: an episode may end after its first turn, without a tool call,
     so the reward must be readable right after ``reset``), so that a class that cannot be built, or whose ``reset`` or
     ``get_reward`` fails, stops here in one line naming the class and the method; the episodes' environment instances
-    (for :func:`probe_reward`'s ``environments=``), or None.
+    (for :func:`probe_reward`'s ``environments=``), or None. With ``asynchronous`` (``rollout.asynchronous=true``: the
+    episodes run in the rollout worker, and each episode's environment travels to the trainer with its rollout for the
+    reward functions) the instances must also pickle after ``reset``.
 
     Raises:
         ConfigError: ``__init__``, ``reset`` or ``get_reward`` (``init`` for skyrl-gym) raised (anything but a Ctrl-C),
-            ``reset`` returned something else than a string or None, or ``get_reward`` something else than a number.
+            ``reset`` returned something else than a string or None, or ``get_reward`` something else than a number;
+            with ``asynchronous``, an instance that cannot be pickled.
     """
+    import pickle
+
     from prefzoo.errors import ConfigError, EnvironmentFailure, PrefzooError, describe_error
     from prefzoo.types import PROMPT_MESSAGES, ROLLOUT_SEED_COLUMN
 
@@ -316,6 +321,16 @@ def probe_environment(make_episode, prompts: PromptSet | None) -> list | None:
         except Exception as err:  # (a shape the wrappers do not cover)
             raise ConfigError(f"the environment failed on training row {i + 1} ({describe_error(err)}); fix it "
                               "(checked before the model loads).") from None
+        if asynchronous:
+            try:
+                pickle.dumps(episode.instance)
+            except Exception as err:  # noqa: BLE001 -- pickling user objects raises many kinds
+                name = type(episode.instance).__name__
+                raise ConfigError(f"rollout.asynchronous=true: a {name} instance cannot be pickled after reset "
+                                  f"({describe_error(err)}); the rollout worker sends each episode's environment to "
+                                  f"the trainer with its rollout (the reward functions read it): keep {name}'s state "
+                                  "picklable (no lambdas, locks or open connections in its attributes), or set "
+                                  "rollout.asynchronous=false (checked before the model loads).") from None
         out.append(episode.instance)
     return out
 

@@ -129,4 +129,15 @@ class ResetFails:
         return "pong"
 
 
+class HoldsALock(GuessEnv):
+    """GuessEnv with a lock taken in ``reset``: it plays synchronously, and cannot be pickled (asynchronous rollouts
+    send each episode's environment from the worker to the trainer)."""
+
+    def reset(self, **row):
+        import threading
+
+        self.lock = threading.Lock()
+        return super().reset(**row)
+
+
 NOT_A_CLASS = 42

@@ -89,6 +89,8 @@ BAD = [
     (["env=retry", "algo=dpo"], "samples nothing"),
     (["env=retry", "env.reward_placement=step"], "env.reward_placement='step'; choose one of trajectory, turn"),
     (["env=retry", "env.reward_placement=turn"], "env.reward_placement=turn with algo=grpo: its advantage is one number"),
+    (["env=custom", "env.target=tests.environments.envs:HoldsALock", "rollout.asynchronous=true"],
+     "rollout.asynchronous=true: a HoldsALock instance cannot be pickled after reset (TypeError: cannot pickle"),
 ]
 
 

@@ -114,6 +114,21 @@ def test_retry_says_wrong_then_ends_at_the_right_answer_charging_its_turn_cost()
     assert env.step("it is 68") == (None, -0.25, True)
 
 
+def test_env_retrys_episodes_pickle_with_their_turn_cost():
+    """env=retry env.turn_cost=0.25 through the run's factory: the episode's instance pickles (the asynchronous worker
+    sends it to the trainer with its rollout) and keeps its cost: after a wrong answer, the right one costs -0.25.
+    Before: PicklingError (the factory made a subclass at run time, which pickle cannot find by name)."""
+    import pickle
+    from types import SimpleNamespace
+
+    from prefzoo.environments import episode_factory
+
+    episode = episode_factory(SimpleNamespace(name="retry", tool_timeout=5.0, turn_cost=0.25))()
+    episode.start({"answer": 68})
+    env = pickle.loads(pickle.dumps(episode.instance))
+    assert env.step("60") == (RETRY_FEEDBACK, 0.0, False) and env.step("68") == (None, -0.25, True)
+
+
 def test_the_calculator_environment_counts_its_calls():
     env = CalculatorEnvironment()
     assert "calculator" in env.reset(answer=1)
