@@ -205,9 +205,24 @@ def nan_inf_cases():
 
     base = typed("model=tiny")
     cases = [("dpo", key, is_list) for key, is_list in float_keys(base) if not key.startswith("algo.")]
-    for name, cls in sorted(REGISTRY.items()):
-        cases += [(name, f"algo.{key}", is_list) for key, is_list in float_keys(cls.config_class())]
+    seen = set()  # a field a plugin inherits (the online family's, the trust region's) is one field: tested once, in
+    for name, cls in sorted(REGISTRY.items()):  # the first plugin (by name) that has it; its own fields in each
+        fields = {f.name: f for f in __import__("dataclasses").fields(cls.config_class)}
+        for key, is_list in float_keys(cls.config_class()):
+            owner = (fields[key].name, _declaring_class(cls.config_class, key)) if key in fields else (key, cls)
+            if owner not in seen:
+                seen.add(owner)
+                cases.append((name, f"algo.{key}", is_list))
     return cases
+
+
+def _declaring_class(config_class, name: str):
+    """The class in ``config_class``'s MRO whose own annotations declare field ``name`` (where a default is overridden
+    the field is re-declared, so a subclass with its own default counts as its own)."""
+    for klass in config_class.__mro__:
+        if name in klass.__dict__.get("__annotations__", {}):
+            return klass
+    return config_class
 
 
 NAN_INF = nan_inf_cases()

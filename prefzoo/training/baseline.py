@@ -107,6 +107,8 @@ def starting_key(cfg, *, reference: bool, num_samples: int, env: dict) -> tuple[
         return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
 
     data = {k: v for k, v in plain(cfg.data).items() if k != "pairs"}
+    if not data.get("demonstrations"):  # the default (no demonstrations): the keys before it existed, the shipped one
+        data.pop("demonstrations", None)
     evaluation = {k: v for k, v in plain(cfg.eval).items() if k not in _WHEN}
     if not evaluation.get("sampler_logps"):  # the default (a pass of the policy): the keys before it existed
         evaluation.pop("sampler_logps", None)

@@ -284,16 +284,32 @@ def test_recipe_composes_and_every_sweep_point_validates(name, tmp_path):
     cfg = _compose([f"+recipe={name}"])
     assert f"multirun/{name}/" in cfg.hydra.sweep.dir
     assert cfg.hydra.callbacks.report._target_ == "prefzoo.report.callbacks.WriteReport"
-    params = dict(cfg.hydra.sweeper.params)
-    assert params, "a recipe sweeps something"
+    params = dict(cfg.hydra.sweeper.params or {})
+    first = [c for c in (cfg.hydra.callbacks or {}).values() if c._target_ == "prefzoo.report.callbacks.TrainFirst"]
+    assert params or first, "a recipe sweeps something, or trains a first run its job starts from (sft_then_grpo)"
     grid = [[f"{k}={v.strip()}" for v in str(values).split(",")] for k, values in params.items()]
+    # a recipe whose job starts from a first run's adapter (TrainFirst): that folder exists once the first run has
+    # ended, so the job is checked without it, and the first run's own overrides are checked as a job of their own
+    later = ["model.adapter_path=null"] if first else []
     for point in itertools.product(*grid):
-        job = _compose([f"+recipe={name}", *point, f"hydra.sweep.dir={tmp_path}"])
+        job = _compose([f"+recipe={name}", *point, f"hydra.sweep.dir={tmp_path}", *later])
         HydraConfig.instance().set_config(job)  # ${hydra:sweep.dir} resolves as in a job
+        runs = [list(c.overrides) for c in job.hydra.callbacks.values()
+                if c._target_ == "prefzoo.report.callbacks.TrainFirst"]
         with open_dict(job):
             del job["hydra"]
         typed = to_typed(job)
         assert typed.trainer.max_steps > 0
+        for overrides in runs:
+            assert to_typed(_strip_hydra(_compose(overrides))).trainer.max_steps > 0
+
+
+def _strip_hydra(cfg):
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def test_a_swept_value_on_the_command_line_replaces_the_recipe_list():
