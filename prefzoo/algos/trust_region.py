@@ -56,8 +56,8 @@ class TrustRegionConfig(OnlineConfig):
             branch's ratio capped at delta, which bounds the loss of a negative-advantage token; None: PPO's clip.
             Must exceed 1 + ``clip_eps_high`` (the report's recommendation; INTELLECT-2 used 4).
         dppo_delta: DPPO's divergence threshold (both signs); None: :data:`DPPO_DELTA` of the chosen divergence.
-        dppo_delta_low / dppo_delta_high: DPPO's threshold for A < 0 / A > 0 alone (verl's ``delta_low`` /
-            ``delta_high``); None: ``dppo_delta``'s.
+        dppo_delta_low / dppo_delta_high: DPPO's threshold for A < 0 / A > 0 alone (verl's ``clip_ratio_low`` /
+            ``clip_ratio_high`` under its ``dppo_*`` loss modes); None: ``dppo_delta``'s.
         dppo_ratio_cap: DPPO's truncation of the (detached) ratio that weighs a kept token.
         sapo_temperature_pos / sapo_temperature_neg: SAPO's gate temperatures for A > 0 / A < 0.
         dro_beta: DRO's quadratic penalty on log pi - log pi_old (not ``objective.beta``, the KL to pi_ref).
