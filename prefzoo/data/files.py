@@ -124,6 +124,17 @@ def row_problem(row: dict, columns) -> str | None:
     return next((problems[c] for c in columns if c in problems), None)
 
 
+def require_columns(row: dict, columns, hint: str = "") -> None:
+    """Raise ValueError for the first problem found reading ``row``'s ``columns`` (:func:`row_problem`), else for the
+    first of ``columns`` the row lacks (``missing column 'x'``, then `` (hint)`` when given)."""
+    problem = row_problem(row, columns)
+    if problem is not None:
+        raise ValueError(problem)
+    for col in columns:
+        if col not in row:
+            raise ValueError(f"missing column {col!r}" + (f" ({hint})" if hint else ""))
+
+
 def _origin_json(row: int, line: int | None, problems: dict) -> str:
     return json.dumps({"row": row, "line": line, "problems": problems})
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import datasets
 import torch
 
-from prefzoo.data.files import (ORIGIN, bad_row_error, prompt_problem, row_label, row_problem, text_problem)
+from prefzoo.data.files import (ORIGIN, bad_row_error, prompt_problem, require_columns, row_label, text_problem)
 from prefzoo.data.preference import (PreferenceExample, checked_examples, normalise_row, pad_rows, prompt_and_room,
                                      tokenize_completion)
 from prefzoo.errors import DataError
@@ -137,16 +137,10 @@ def normalise_sft_row(row: dict, fmt: str, index: int, assistant_only_loss: bool
     """The checked content of one row of format ``fmt``: the text (``text``), (prompt, completion text)
     (``prompt/completion``, ``pairs``: the chosen side) or the messages (``messages``). Raises ValueError describing
     what is wrong (and the column)."""
-    columns = ("prompt", "chosen", "rejected") if fmt == "pairs" else SFT_FORMATS[fmt]
     if fmt == "pairs":
         prompt, chosen, _ = normalise_row(row, index)
         return prompt, chosen
-    problem = row_problem(row, columns)
-    if problem is not None:
-        raise ValueError(problem)
-    for col in columns:
-        if col not in row:
-            raise ValueError(f"missing column {col!r}")
+    require_columns(row, SFT_FORMATS[fmt])
     if fmt == "text":
         text = row["text"]
         problem = text_problem("text", text)

@@ -29,7 +29,7 @@ import datasets
 import torch
 
 from prefzoo.errors import DataError
-from prefzoo.data.files import bad_row_error, prompt_problem, row_label, row_problem, text_problem
+from prefzoo.data.files import bad_row_error, prompt_problem, require_columns, row_label, text_problem
 from prefzoo.data.preference import (PreferenceExample, _is_messages, _message_text, checked_examples,
                                      collate_preferences, pad_rows, prompt_and_room, tokenize_completion)
 from prefzoo.types import UnpairedBatch
@@ -85,12 +85,7 @@ def parse_label(value) -> bool:
 
 def normalise_unpaired_row(row: dict) -> tuple[object, str, bool]:
     """(prompt, completion text, label) of one row; raises ValueError describing what is wrong (and the column)."""
-    problem = row_problem(row, UNPAIRED_COLUMNS)
-    if problem is not None:
-        raise ValueError(problem)
-    for col in UNPAIRED_COLUMNS:
-        if col not in row:
-            raise ValueError(f"missing column {col!r} (unpaired rows need prompt, completion and label)")
+    require_columns(row, UNPAIRED_COLUMNS, "unpaired rows need prompt, completion and label")
     problem = text_problem("completion", row["completion"]) or prompt_problem(row["prompt"])
     if problem is not None:
         raise ValueError(problem)
