@@ -9,7 +9,7 @@ ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.prefzoo-installed
 
-.PHONY: train test test-recipes test-fast setup bench clean-venv setup-vllm test-vllm setup-bench-trl bench-trl
+.PHONY: train test test-recipes test-launches test-fast setup bench clean-venv setup-vllm test-vllm setup-bench-trl bench-trl
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,12 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 THREADS_ENV = $(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS),)
 
 test: $(STAMP)
-	$(THREADS_ENV) $(PY) -m pytest $(XDIST) -m "not recipes" $(ARGS)
+	$(THREADS_ENV) $(PY) -m pytest $(XDIST) -m "not recipes and not launches" $(ARGS)
+
+# data parallelism and FSDP2 across processes (marker `launches`: torchrun / accelerate launch / submitit jobs of 2
+# processes each, compared with one process; about 3 min on 2 cores); CI runs them after `make test`
+test-launches: $(STAMP)
+	$(THREADS_ENV) $(PY) -m pytest $(XDIST) -m launches $(ARGS)
 
 # the recipes' end-to-end sweeps (marker `recipes`: over-optimisation designs, Kirk et al.'s OOD, a user file's sweep;
 # several training jobs each, about 1.5 min on 2 cores); CI runs them after `make test`

@@ -38,6 +38,9 @@ from prefzoo.training import loop
 from prefzoo.training.metrics_log import read_metrics
 from tests.algos.hydra_runs import compose
 
+#: several training processes per test (`make test-launches`, run by CI); `make test` leaves them out
+pytestmark = pytest.mark.launches
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = str(ROOT / "tests" / "fixtures" / "arithmetic_pairs.jsonl")
 STEPS = 3

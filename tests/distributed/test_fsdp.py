@@ -41,6 +41,9 @@ from tests.bounds import relative_difference
 from tests.distributed.test_data_parallel import (ADAPTER_BOUND, FIXTURE, QUIET, ROOT, adapter, assert_same_adapter,
                                                   assert_same_metrics, free_port, start, two_threads)
 
+#: several training processes per test (`make test-launches`, run by CI); `make test` leaves them out
+pytestmark = pytest.mark.launches
+
 DPO = ["algo=dpo", "data=file", f"data.path={FIXTURE}", "data.max_length=96", "data.max_prompt_length=64",
        "trainer.batch_size=4", "trainer.micro_batch_size=1", "trainer.save_every=2", *QUIET,
        "model.fast.merged_rollout=false"]  # (as under FSDP, which samples from the gathered LoRA model: below)
