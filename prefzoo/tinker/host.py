@@ -194,11 +194,13 @@ class ModelHost:
         for _, p in model.params:
             p.grad = None
         model.optimizer.state.clear()
-        if self.peft is not None:
-            if len(self.peft.peft_config) > 1:
-                self.peft.delete_adapter(model.adapter)
-            else:  # peft keeps at least one adapter; the last one is left, untrained, until the next create
-                pass
+        if self.models:
+            self.peft.delete_adapter(model.adapter)
+        else:  # the last one: take every LoRA layer out (the sampler slots too): the base model as it was loaded
+            self.base = self.peft.unload()
+            self.peft = None
+            self._sampler_slots.clear()
+            self._slot_loaded.clear()
 
     # --- training ---------------------------------------------------------------------------------------------------
 

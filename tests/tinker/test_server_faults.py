@@ -1,0 +1,189 @@
+"""The server's refusals, its state on disk, sessions and two clients (issue 50, A.4), through the real SDK.
+
+* A bad request fails as the SDK's own error type (``tinker.RequestFailedError``, category user) with a one-line
+  message naming what was wrong, within seconds (never a hung future): an unknown base model, a loss the SDK knows
+  but this server does not serve, a config key the loss does not have, inputs of the wrong length, a token outside the
+  vocabulary, an unknown checkpoint path. The client still works afterwards.
+* ``save_state`` then ``load_state_with_optimizer`` (and ``create_training_client_from_state_with_optimizer``) brings
+  the adapter AND AdamW's state back bit for bit; ``load_state`` (weights only) brings the adapter back and resets the
+  optimizer. The files are a real peft adapter: ``PeftModel.from_pretrained`` on the base model gives the server's
+  log-probs.
+* A session that stops beating (timeout 0.5 s here; the SDK beats every 10 s) expires: its model is freed (the LoRA
+  layers leave the base model) and a later request on it fails in one line.
+* Two clients at once get separate models: interleaved requests (A's forward_backward, B's, A's step, B's step) leave
+  A's adapter equal, bit for bit, to a client that trained alone on A's data; past ``max_models`` a new model is
+  refused in one line.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+from tests.tinker.conftest import start  # noqa: E402
+
+WAIT = 30  # seconds: a future that takes longer is hung
+
+
+def ce_datum(tokens: list[int], weight: float = 1.0) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [weight] * (len(tokens) - 1)})
+
+
+def rl_datum(tokens: list[int], n_inputs: int | None = None) -> types.Datum:
+    n = len(tokens) - 1 if n_inputs is None else n_inputs
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": [-1.0] * n,
+                                       "advantages": [1.0] * n})
+
+
+TOKENS = [1, 504, 2682, 314, 3737, 30, 28, 31, 2]
+OTHER = [1, 504, 2682, 314, 3737, 31, 28, 33, 2]
+ADAM = types.AdamParams(learning_rate=1e-2, eps=1e-3)
+
+
+def one_line_failure(future, *needles: str) -> str:
+    start_time = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError) as info:
+        future.result(timeout=WAIT)
+    assert time.monotonic() - start_time < WAIT
+    message = str(info.value)
+    assert "\n" not in message and info.value.category == types.RequestErrorCategory.User
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def test_bad_requests_fail_in_one_line_and_the_client_goes_on(service_client):
+    one_line_failure(service_client.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4),
+                     "base_model 'Qwen/Qwen3-8B' is not served here", "serves 'tiny'")
+    tc = service_client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result(timeout=WAIT)
+    one_line_failure(tc.forward_backward([rl_datum(TOKENS)], "gspo"), "loss_fn 'gspo' is not served here")
+    one_line_failure(tc.forward_backward([rl_datum(TOKENS)], "ppo", loss_fn_config={"clip_epsilon": 0.2}),
+                     "loss_fn_config key 'clip_epsilon' is not one of ppo's")
+    one_line_failure(tc.forward_backward([rl_datum(TOKENS, n_inputs=3)], "importance_sampling"),
+                     "datum 0: loss_fn_inputs['logprobs'] has shape (3,); expected (8,)")
+    one_line_failure(tc.forward_backward([ce_datum(TOKENS[:-1] + [10 ** 7])], "cross_entropy"),
+                     "datum 0: target_tokens has a token id outside [0, 49152)")
+    one_line_failure(tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+                                                      loss_fn_inputs={"target_tokens": TOKENS[1:]})],
+                                         "cross_entropy"),
+                     "loss_fn cross_entropy needs loss_fn_inputs['weights']")
+    one_line_failure(service_client.create_training_client_from_state(f"tinker://{tc.model_id}/weights/none"),
+                     "no checkpoint at")
+    # the client is not poisoned: a good request goes through
+    out = tc.forward_backward([ce_datum(TOKENS)], "cross_entropy").result(timeout=WAIT)
+    assert out.metrics["loss:sum"] > 0
+
+
+def saved(server, path: str) -> tuple[dict, dict]:
+    from safetensors.torch import load_file
+
+    folder = server.server.checkpoint_folder(path)[0]
+    optimizer = torch.load(folder / "optimizer.pt", weights_only=True) if (folder / "optimizer.pt").exists() else None
+    return load_file(str(folder / "adapter_model.safetensors")), optimizer
+
+
+def same_optimizer(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and a["state"].keys() == b["state"].keys() and all(
+        torch.equal(a["state"][i][k], b["state"][i][k]) for i in a["state"] for k in a["state"][i])
+
+
+def test_save_state_and_load_state_round_trip_adapter_and_optimizer(service_client, tinker_server, tiny_folder):
+    tc = service_client.create_lora_training_client(base_model="tiny", rank=4, seed=1).result(timeout=WAIT)
+    for _ in range(2):
+        tc.forward_backward([ce_datum(TOKENS)], "cross_entropy")
+        tc.optim_step(ADAM).result(timeout=WAIT)
+    path = tc.save_state("round-trip").result(timeout=WAIT).path
+    adapter, optimizer = saved(tinker_server, path)
+    assert len(optimizer["state"]) == len(adapter) and all(int(s["step"]) == 2 for s in optimizer["state"].values())
+
+    tc.forward_backward([ce_datum(OTHER)], "cross_entropy")
+    tc.optim_step(ADAM).result(timeout=WAIT)  # moved away from the checkpoint
+    moved, _ = saved(tinker_server, tc.save_state("moved").result(timeout=WAIT).path)
+    assert any(not torch.equal(moved[k], adapter[k]) for k in adapter)
+
+    with pytest.warns(FutureWarning):  # the SDK deprecates it in favour of create_training_client_from_state*
+        tc.load_state_with_optimizer(path).result(timeout=WAIT)
+    back, back_optimizer = saved(tinker_server, tc.save_state("back").result(timeout=WAIT).path)
+    assert all(torch.equal(back[k], adapter[k]) for k in adapter) and same_optimizer(back_optimizer, optimizer)
+
+    fresh = service_client.create_training_client_from_state_with_optimizer(path).result(timeout=WAIT)
+    again, again_optimizer = saved(tinker_server, fresh.save_state("again").result(timeout=WAIT).path)
+    assert all(torch.equal(again[k], adapter[k]) for k in adapter) and same_optimizer(again_optimizer, optimizer)
+
+    weights_only = service_client.create_training_client_from_state(path).result(timeout=WAIT)
+    w, w_optimizer = saved(tinker_server, weights_only.save_state("weights-only").result(timeout=WAIT).path)
+    assert all(torch.equal(w[k], adapter[k]) for k in adapter) and w_optimizer["state"] == {}
+
+    # a real peft adapter: PeftModel.from_pretrained on the base model gives the server's log-probs
+    from peft import PeftModel
+
+    from prefzoo.models.loading import load_causal_lm
+    from prefzoo.objective import token_logps
+
+    folder = tinker_server.server.checkpoint_folder(path)[0]
+    peft_model = PeftModel.from_pretrained(load_causal_lm(tiny_folder), str(folder))
+    with torch.no_grad():
+        local = token_logps(peft_model(input_ids=torch.tensor([TOKENS[:-1]])).logits, torch.tensor([TOKENS[1:]]))[0]
+    served = fresh.forward([ce_datum(TOKENS)], "cross_entropy").result(timeout=WAIT)
+    assert torch.equal(served.loss_fn_outputs[0]["logprobs"].to_torch(), local)
+    listed = {c.tinker_path for c in service_client.create_rest_client().list_checkpoints(tc.model_id).result().checkpoints}
+    assert {path, f"tinker://{tc.model_id}/weights/moved"} <= listed
+
+
+def test_a_silent_session_expires_and_its_model_is_freed(tiny_folder, tmp_path):
+    running = start(tiny_folder, tmp_path, session_timeout=0.5)
+    try:
+        client = tinker.ServiceClient(base_url=running.url, api_key="tml-tests")
+        tc = client.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
+        host = running.server.host
+        assert tc.model_id in host.models and host.peft is not None
+        deadline = time.monotonic() + 10
+        while (host.models or host.peft is not None) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not host.models and host.peft is None, "the expired session's model was not freed"
+        assert not any("lora" in n for n, _ in host.base.named_parameters())
+        one_line_failure(tc.forward_backward([ce_datum(TOKENS)], "cross_entropy"), "unknown model", "expired")
+    finally:
+        running.stop()
+
+
+def test_two_clients_at_once_get_separate_models(tinker_server, tiny_folder, tmp_path):
+    a_client = tinker.ServiceClient(base_url=tinker_server.url, api_key="tml-a")
+    b_client = tinker.ServiceClient(base_url=tinker_server.url, api_key="tml-b")
+    solo_client = tinker.ServiceClient(base_url=tinker_server.url, api_key="tml-solo")
+    try:
+        a = a_client.create_lora_training_client(base_model="tiny", rank=4, seed=3).result(timeout=WAIT)
+        b = b_client.create_lora_training_client(base_model="tiny", rank=4, seed=3).result(timeout=WAIT)
+        futures = [a.forward_backward([ce_datum(TOKENS)], "cross_entropy"),
+                   b.forward_backward([ce_datum(OTHER, 2.0)], "cross_entropy"),
+                   a.optim_step(ADAM), b.optim_step(ADAM)]
+        for f in futures:
+            f.result(timeout=WAIT)
+        solo = solo_client.create_lora_training_client(base_model="tiny", rank=4, seed=3).result(timeout=WAIT)
+        solo.forward_backward([ce_datum(TOKENS)], "cross_entropy")
+        solo.optim_step(ADAM).result(timeout=WAIT)
+        a_state, _ = saved(tinker_server, a.save_state("two-a").result(timeout=WAIT).path)
+        b_state, _ = saved(tinker_server, b.save_state("two-b").result(timeout=WAIT).path)
+        solo_state, _ = saved(tinker_server, solo.save_state("two-solo").result(timeout=WAIT).path)
+        assert all(torch.equal(a_state[k], solo_state[k]) for k in a_state)
+        assert any(not torch.equal(b_state[k], solo_state[k]) for k in b_state)
+    finally:
+        for c in (a_client, b_client, solo_client):
+            c.close("success").result()
+
+    running = start(tiny_folder, tmp_path, max_models=1)
+    try:
+        first = tinker.ServiceClient(base_url=running.url, api_key="tml-first")
+        second = tinker.ServiceClient(base_url=running.url, api_key="tml-second")
+        first.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
+        one_line_failure(second.create_lora_training_client(base_model="tiny", rank=4),
+                         "this server holds 1 training models already (--max-models)")
+    finally:
+        running.stop()
