@@ -488,7 +488,9 @@ def build_app(server: TinkerServer):
         request_id = str(body.get("request_id"))
         future = server.futures.get(request_id)
         if future is None:
-            return error(404, f"unknown request {request_id!r} (never made here, or its result was fetched)")
+            # 410: the SDK's "promise expired" (a restarted server knows none of the earlier requests)
+            return error(410, f"unknown request {request_id!r} (never made here, its result was fetched, or the server "
+                              "restarted)")
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout=POLL_SECONDS)
         except asyncio.TimeoutError:
