@@ -1,4 +1,4 @@
-"""Every SDK ``loss_fn`` through prefzoo's Tinker server equals prefzoo's in-process objective function (issue 50, A.1).
+"""Every SDK ``loss_fn`` served (cross_entropy, importance_sampling, ppo, cispo, dro, gspo) through prefzoo's Tinker server equals prefzoo's in-process objective function (issue 50, A.1).
 
 For each loss, a training client (rank 4, seed 7) does one ``forward_backward`` on two datums (arithmetic prompts and
 answers of different lengths) and one ``optim_step``; the test does the same in-process: the tiny model from the same
@@ -12,7 +12,8 @@ thresholds as ratio bounds), ``torch.optim.AdamW`` with the same AdamParams. The
 
 The data: sampler log-probs are the model's own plus Gaussian noise (sd 0.3), so the ratios pi/pi_sampler spread over
 about [0.5, 2] and the clips of ppo and cispo cut some positions; advantages are 0 on the prompt and +-1.5 (and 0.7) on
-the answer; cross_entropy's weights are 0 on the prompt and 1 or 0.5 on the answer.
+the answer; cross_entropy's weights are 0 on the prompt and 1 or 0.5 on the answer; gspo's ``sequence_ratio_mask`` marks
+the answer (its sequence ratio is the geometric mean of the answer's ratios; clip thresholds 0.95 / 1.05).
 
 The bound on the adapter. Where the server's worker thread runs the test's torch thread count (kind 2 of
 tests/bounds.py), server and test compute each datum's gradient with the same kernels on the same shapes (one datum at
@@ -39,9 +40,10 @@ from tests.bounds import U32, gamma, relative_difference
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
-LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo")
 #: loss_fn_config per loss (None: the defaults, 0.8 / 1.2 and beta 0.05)
-CONFIGS = {"ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, "dro": {"beta": 0.2}}
+CONFIGS = {"ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, "dro": {"beta": 0.2},
+           "gspo": {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05}}
 RANK, SEED = 4, 7
 ADAM = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-3, "weight_decay": 0.1}
 #: the tiny Llama's linear layers (attention, MLP, output): the SDK's default train_attn / train_mlp / train_unembed
@@ -98,12 +100,15 @@ def make_data(tokenizer, model) -> list[dict]:
         advantages[-1] = 0.7 if on_answer[-1] else 0.0
         weights = torch.where(on_answer, torch.tensor(1.0 if k == 0 else 0.5), torch.tensor(0.0))
         out.append({"tokens": tokens, "target_tokens": targets, "logprobs": sampler.float(),
-                    "advantages": advantages.float(), "weights": weights.float()})
+                    "advantages": advantages.float(), "weights": weights.float(),
+                    "sequence_ratio_mask": on_answer.float()})
     return out
 
 
 def datum(d: dict, loss_fn: str) -> types.Datum:
-    keys = ("target_tokens", "weights") if loss_fn == "cross_entropy" else ("target_tokens", "logprobs", "advantages")
+    keys = {"cross_entropy": ("target_tokens", "weights"),
+            "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask")}.get(
+        loss_fn, ("target_tokens", "logprobs", "advantages"))
     return types.Datum(model_input=types.ModelInput.from_ints(d["tokens"]),
                        loss_fn_inputs={k: types.TensorData.from_torch(d[k]) for k in keys})
 
@@ -124,6 +129,10 @@ def prefzoo_loss(loss_fn: str, logps: torch.Tensor, d: dict, config: dict) -> to
     if loss_fn == "cispo":
         w, _ = obj.clipped_is_weight(logps, old, mask, 1 - low, high - 1)
         return obj.weighted_policy_gradient_loss(logps, adv, mask, w).sum()
+    if loss_fn == "gspo":  # GSPO-token: the sequence ratio over the answer, every position carrying it
+        log_s = obj.sequence_log_ratio(logps, old, d["sequence_ratio_mask"][None] != 0).detach()
+        log_st = log_s[:, None] + logps - logps.detach()
+        return obj.clipped_surrogate_loss(log_st, torch.zeros_like(logps), adv, mask, 1 - low, high - 1)[0].sum()
     return obj.dro_loss(logps, old, adv, mask, config.get("beta", 0.05))[0].sum()
 
 
@@ -134,11 +143,14 @@ def sdk_formula_terms(loss_fn: str, lp: torch.Tensor, d: dict, config: dict) -> 
     a, w = d["advantages"].double(), d["weights"].double()
     low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
     r = torch.exp(lp - s)
+    in_ratio = d["sequence_ratio_mask"] != 0
+    seq_r = torch.exp((lp - s)[in_ratio].mean()).expand_as(lp)
     return {"cross_entropy": lambda: -lp * w,
             "importance_sampling": lambda: -r * a,
             "ppo": lambda: -torch.minimum(r * a, r.clamp(low, high) * a),
             "cispo": lambda: -r.clamp(low, high) * lp * a,
-            "dro": lambda: -(lp * a - 0.5 * config.get("beta", 0.05) * (lp - s) ** 2)}[loss_fn]()
+            "dro": lambda: -(lp * a - 0.5 * config.get("beta", 0.05) * (lp - s) ** 2),
+            "gspo": lambda: -torch.minimum(seq_r * a, seq_r.clamp(low, high) * a)}[loss_fn]()
 
 
 def adam_step(model, grads: dict[str, torch.Tensor]) -> None:

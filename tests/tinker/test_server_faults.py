@@ -63,7 +63,8 @@ def test_bad_requests_fail_in_one_line_and_the_client_goes_on(service_client):
     one_line_failure(service_client.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4),
                      "base_model 'Qwen/Qwen3-8B' is not served here", "serves 'tiny'")
     tc = service_client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result(timeout=WAIT)
-    one_line_failure(tc.forward_backward([rl_datum(TOKENS)], "gspo"), "loss_fn 'gspo' is not served here")
+    one_line_failure(tc.forward_backward([rl_datum(TOKENS)], "stable_reinforce"),
+                     "loss_fn 'stable_reinforce' is not served here")
     one_line_failure(tc.forward_backward([rl_datum(TOKENS)], "ppo", loss_fn_config={"clip_epsilon": 0.2}),
                      "loss_fn_config key 'clip_epsilon' is not one of ppo's")
     one_line_failure(tc.forward_backward([rl_datum(TOKENS, n_inputs=3)], "importance_sampling"),
