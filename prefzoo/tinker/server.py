@@ -297,8 +297,14 @@ def build_app(server: TinkerServer):
                                "tokenizer_id": host.folder}}
 
     def register(session: Session, model_id: str) -> None:
+        """(On the worker, once the model exists.) Count it as the session's, or, if the session ended meanwhile (it
+        expired while the model was being made), free it at once: no model outlives its session."""
         with server.lock:
-            session.models.add(model_id)
+            if not session.ended:
+                session.models.add(model_id)
+                return
+        host.free(model_id)
+        raise HostError(f"session {session.session_id} has {session.ended}; create a new ServiceClient.")
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request):

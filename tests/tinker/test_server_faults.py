@@ -8,7 +8,7 @@
   the adapter AND AdamW's state back bit for bit; ``load_state`` (weights only) brings the adapter back and resets the
   optimizer. The files are a real peft adapter: ``PeftModel.from_pretrained`` on the base model gives the server's
   log-probs.
-* A session that stops beating (timeout 0.5 s here; the SDK beats every 10 s) expires: its model is freed (the LoRA
+* A session that stops beating (timeout 2 s here; the SDK beats every 10 s) expires: its model is freed (the LoRA
   layers leave the base model) and a later request on it fails in one line.
 * Two clients at once get separate models: interleaved requests (A's forward_backward, B's, A's step, B's step) leave
   A's adapter equal, bit for bit, to a client that trained alone on A's data; past ``max_models`` a new model is
@@ -139,7 +139,7 @@ def test_save_state_and_load_state_round_trip_adapter_and_optimizer(service_clie
 
 
 def test_a_silent_session_expires_and_its_model_is_freed(tiny_folder, tmp_path):
-    running = start(tiny_folder, tmp_path, session_timeout=0.5)
+    running = start(tiny_folder, tmp_path, session_timeout=2.0)
     try:
         client = tinker.ServiceClient(base_url=running.url, api_key="tml-tests")
         tc = client.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
@@ -186,5 +186,21 @@ def test_two_clients_at_once_get_separate_models(tinker_server, tiny_folder, tmp
         first.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
         one_line_failure(second.create_lora_training_client(base_model="tiny", rank=4),
                          "this server holds 1 training models already (--max-models)")
+    finally:
+        running.stop()
+
+
+def test_a_model_made_for_a_session_that_expired_meanwhile_is_freed(tiny_folder, tmp_path):
+    """The race: the session expires (timeout 0.05 s) before or while its model is made. The client gets a one-line
+    error (at the request, or from the future) and no model is left behind. Before: the model was registered to the
+    ended session after it had been freed, and lived on."""
+    running = start(tiny_folder, tmp_path, session_timeout=0.05)
+    try:
+        client = tinker.ServiceClient(base_url=running.url, api_key="tml-tests")
+        with pytest.raises((tinker.RequestFailedError, tinker.BadRequestError)) as info:
+            client.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
+        assert "expired" in str(info.value)
+        running.server.worker.submit(lambda: None).result()  # what was queued before has run
+        assert not running.server.host.models and running.server.host.peft is None
     finally:
         running.stop()
