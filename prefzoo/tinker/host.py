@@ -122,6 +122,8 @@ class ModelHost:
         self.generator = torch.Generator().manual_seed(seed)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids = [eos] if eos is not None else []
+        #: the longest sequence the model takes (its position table): longer data and prompts are refused
+        self.max_length = getattr(model.config, "max_position_embeddings", None) or 2048
 
     # --- adapters -------------------------------------------------------------------------------------------------
 
@@ -220,6 +222,8 @@ class ModelHost:
         for i, (tokens, inputs) in enumerate(data):
             if not tokens:
                 raise HostError(f"datum {i}: model_input has no tokens.")
+            if len(tokens) > self.max_length:
+                raise HostError(f"datum {i}: {len(tokens)} tokens; the model takes at most {self.max_length}.")
             check_inputs(loss_fn, i, len(tokens), inputs)
             for what, ids in (("model_input", torch.tensor(tokens)), ("target_tokens", inputs["target_tokens"])):
                 if int(ids.min()) < 0 or int(ids.max()) >= vocab:
@@ -355,6 +359,9 @@ class ModelHost:
         vocab = self.base.get_input_embeddings().num_embeddings
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise HostError(f"the prompt has a token id outside [0, {vocab}) (the vocabulary).")
+        if len(prompt) + max_tokens > self.max_length:
+            raise HostError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) > {self.max_length}, the "
+                            "longest sequence the model takes.")
         if num_samples < 1 or max_tokens < 1:
             raise HostError(f"num_samples {num_samples}, max_tokens {max_tokens}: both must be >= 1.")
         module = self._sampler_module(shape, snapshot)

@@ -3,7 +3,7 @@
 * A bad request fails as the SDK's own error type (``tinker.RequestFailedError``, category user) with a one-line
   message naming what was wrong, within seconds (never a hung future): an unknown base model, a loss the SDK knows
   but this server does not serve, a config key the loss does not have, inputs of the wrong length, a token outside the
-  vocabulary, an unknown checkpoint path. The client still works afterwards.
+  vocabulary, a datum longer than the model's positions, an unknown checkpoint path. The client still works afterwards.
 * ``save_state`` then ``load_state_with_optimizer`` (and ``create_training_client_from_state_with_optimizer``) brings
   the adapter AND AdamW's state back bit for bit; ``load_state`` (weights only) brings the adapter back and resets the
   optimizer. The files are a real peft adapter: ``PeftModel.from_pretrained`` on the base model gives the server's
@@ -71,6 +71,8 @@ def test_bad_requests_fail_in_one_line_and_the_client_goes_on(service_client):
                      "datum 0: loss_fn_inputs['logprobs'] has shape (3,); expected (8,)")
     one_line_failure(tc.forward_backward([ce_datum(TOKENS[:-1] + [10 ** 7])], "cross_entropy"),
                      "datum 0: target_tokens has a token id outside [0, 49152)")
+    one_line_failure(tc.forward_backward([ce_datum(TOKENS * 300)], "cross_entropy"),
+                     "datum 0: 2699 tokens; the model takes at most 2048.")
     one_line_failure(tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
                                                       loss_fn_inputs={"target_tokens": TOKENS[1:]})],
                                          "cross_entropy"),
