@@ -8,7 +8,7 @@
   the adapter AND AdamW's state back bit for bit; ``load_state`` (weights only) brings the adapter back and resets the
   optimizer. The files are a real peft adapter: ``PeftModel.from_pretrained`` on the base model gives the server's
   log-probs.
-* A session that stops beating (timeout 2 s here; the SDK beats every 10 s) expires: its model is freed (the LoRA
+* A session that stops beating (the SDK beats every 10 s) expires: its model is freed (the LoRA
   layers leave the base model) and a later request on it fails in one line.
 * Two clients at once get separate models: interleaved requests (A's forward_backward, B's, A's step, B's step) leave
   A's adapter equal, bit for bit, to a client that trained alone on A's data; past ``max_models`` a new model is
@@ -141,18 +141,28 @@ def test_save_state_and_load_state_round_trip_adapter_and_optimizer(service_clie
 
 
 def test_a_silent_session_expires_and_its_model_is_freed(tiny_folder, tmp_path):
-    running = start(tiny_folder, tmp_path, session_timeout=2.0)
+    """A client that disappears: its session is silent for longer than the timeout (60 s, as the default; the clock is
+    moved on by 61 s in the call the server's reaper makes every few seconds, ``expire(now)``), so it ends: its model is
+    freed (the LoRA layers leave the base model), a later request on it fails in one line, its heartbeat gets 410.
+    (test_a_model_made_for_a_session_that_expired_meanwhile_is_freed runs the reaper on a real 0.05 s timeout.)"""
+    running = start(tiny_folder, tmp_path, session_timeout=60.0)
     try:
         client = tinker.ServiceClient(base_url=running.url, api_key="tml-tests")
         tc = client.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
-        host = running.server.host
+        server, host = running.server, running.server.host
         assert tc.model_id in host.models and host.peft is not None
-        deadline = time.monotonic() + 10
-        while (host.models or host.peft is not None) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert server.expire() == []  # alive: it was just created
+        session_id = tc.model_id.split(":")[0]
+        assert server.expire(now=time.monotonic() + 61) == [session_id]
+        server.worker.submit(lambda: None).result()  # the free queued on the worker has run
         assert not host.models and host.peft is None, "the expired session's model was not freed"
         assert not any("lora" in n for n, _ in host.base.named_parameters())
         one_line_failure(tc.forward_backward([ce_datum(TOKENS)], "cross_entropy"), "unknown model", "expired")
+        import httpx
+
+        beat = httpx.post(f"{running.url}/api/v1/session_heartbeat", json={"session_id": session_id})
+        assert beat.status_code == 410 and "expired" in beat.json()["detail"]
+        client.close("success").result(timeout=WAIT)  # (before the server stops: the SDK retries a finish for 5 min)
     finally:
         running.stop()
 
@@ -188,21 +198,25 @@ def test_two_clients_at_once_get_separate_models(tinker_server, tiny_folder, tmp
         first.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
         one_line_failure(second.create_lora_training_client(base_model="tiny", rank=4),
                          "this server holds 1 training models already (--max-models)")
+        for c in (first, second):
+            c.close("success").result(timeout=WAIT)
     finally:
         running.stop()
 
 
 def test_a_model_made_for_a_session_that_expired_meanwhile_is_freed(tiny_folder, tmp_path):
-    """The race: the session expires (timeout 0.05 s) before or while its model is made. The client gets a one-line
-    error (at the request, or from the future) and no model is left behind. Before: the model was registered to the
+    """The race: the session expires (timeout 0.05 s) before, while or just after its model is made. The client gets
+    a one-line error and no model is left behind. Before: the model was registered to the
     ended session after it had been freed, and lived on."""
     running = start(tiny_folder, tmp_path, session_timeout=0.05)
     try:
         client = tinker.ServiceClient(base_url=running.url, api_key="tml-tests")
-        with pytest.raises((tinker.RequestFailedError, tinker.BadRequestError)) as info:
+        # at the request (400), from the future, or, when the model was made just in time, at the SDK's get_info (404)
+        with pytest.raises((tinker.RequestFailedError, tinker.BadRequestError, tinker.NotFoundError)) as info:
             client.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
         assert "expired" in str(info.value)
         running.server.worker.submit(lambda: None).result()  # what was queued before has run
         assert not running.server.host.models and running.server.host.peft is None
+        client.close("success").result(timeout=WAIT)
     finally:
         running.stop()
