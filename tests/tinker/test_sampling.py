@@ -6,7 +6,7 @@ the returned log-probs, its gradient sent back as cross_entropy weights).
   stop token, reason ``stop``; a sequence that runs out is ``length``; ``stop`` as a string ends it at the token that
   completes the string;
 * each sampled token's log-prob is the model's (temperature 1): the training client's ``forward`` on the same tokens
-  gives the same numbers within the float32 bound below; ``include_prompt_logprobs`` gives the prompt's (None first);
+  gives the same numbers within the float32 bound below; ``include_prompt_logprobs`` (and ``compute_logprobs``) gives the prompt's (None first);
 * the same ``seed`` gives the same tokens; a sampler made from a saved path (``save_weights_for_sampler`` then
   ``create_sampling_client``) samples what the snapshot sampler does; a base-model sampler ignores the adapter;
 * ``forward_backward_custom`` with the loss -sum(w * logp) (the SDK's own cross_entropy, written as a custom loss) moves
@@ -57,6 +57,9 @@ def test_samples_their_logprobs_stops_and_seeds(service_client):
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(PROMPT)
     prompt_train = train[:len(PROMPT) - 1]
     assert (torch.tensor(out.prompt_logprobs[1:]) - prompt_train).abs().le(2 * gamma(vocab) * (1 + prompt_train.abs())).all()
+
+    # compute_logprobs (a one-token sample asking for the prompt's log-probs) gives the same numbers
+    assert sampler.compute_logprobs(prompt).result() == out.prompt_logprobs
 
     again = sampler.sample(prompt, 3, types.SamplingParams(max_tokens=6, seed=11)).result()
     assert [s.tokens for s in again.sequences] == [s.tokens for s in out.sequences]
