@@ -141,8 +141,13 @@ class ModelHost:
     def _add_adapter(self, adapter: str, shape: LoraShape, seed: int | None) -> None:
         from peft import get_peft_model
 
+        import warnings
+
         config = self._peft_config(shape)
-        with torch.random.fork_rng(devices=[]):
+        # peft warns when a tied output layer carries LoRA: the adapter changes the output layer's product only (the
+        # input embedding is untouched, frozen and still tied), and this server never merges adapters into the weights
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*", category=UserWarning)
             if seed is not None:
                 torch.manual_seed(seed)
             if self.peft is None:

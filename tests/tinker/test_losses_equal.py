@@ -30,7 +30,6 @@ differ too and the comparison is kind 3, :data:`UPDATE_RTOL` on the whole update
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
