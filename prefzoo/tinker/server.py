@@ -6,7 +6,8 @@ A FastAPI app (served by uvicorn) over one :class:`prefzoo.tinker.host.ModelHost
 * ``client/config``: the flags this server chooses: no JWT exchange (any API key), plain httpx transport (no pyqwest),
   fwd/bwd chunks sent one after another (so requests reach the server in the client's order), no zstd (a zstd body
   is still accepted), custom losses on the client; ``client/dynamic_config``, ``telemetry``, ``healthz``;
-* sessions: ``create_session`` and ``session_heartbeat`` (the SDK beats every 10 s); a session silent for
+* sessions: ``create_session`` and ``session_heartbeat`` (the SDK beats every 10 s; a session id this server never
+  saw, from a client that outlived a restart of the server, is adopted: its checkpoints are on disk); a session silent for
   ``session_timeout`` seconds expires and its models are freed (adapters, gradients, optimizer state, samplers), as is
   a session the client finishes (``sessions/{id}/finish``). A later request of an expired session's model fails with
   one line; its heartbeat gets 410, which stops the SDK's heartbeat loop;
@@ -95,10 +96,13 @@ class TinkerServer:
     # --- bookkeeping ------------------------------------------------------------------------------------------------
 
     def session(self, session_id: str) -> Session:
+        """The live session ``session_id``. One this server has never seen (it restarted under a running client) is
+        adopted as new, so the client goes on (its models are gone; its checkpoints are on disk); HostError for one
+        that ended here."""
         with self.lock:
             session = self.sessions.get(session_id)
-        if session is None:
-            raise HostError(f"unknown session {session_id!r}; create a ServiceClient.")
+            if session is None:
+                session = self.sessions[session_id] = Session(session_id, time.monotonic())
         if session.ended:
             raise HostError(f"session {session_id} has {session.ended}; create a new ServiceClient.")
         return session
@@ -270,13 +274,15 @@ def build_app(server: TinkerServer):
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request):
         body = await request.json()
+        session_id = str(body.get("session_id"))
         with server.lock:
-            session = server.sessions.get(body.get("session_id"))
-            if session is not None and not session.ended:
+            session = server.sessions.get(session_id)
+            if session is None:  # a client of this server before it restarted: adopted (see TinkerServer.session)
+                session = server.sessions[session_id] = Session(session_id, time.monotonic())
+            if not session.ended:
                 session.last_seen = time.monotonic()
-        if session is None or session.ended:
-            why = session.ended if session is not None else "never existed here"
-            return error(410, f"session {body.get('session_id')!r} {why}")
+        if session.ended:
+            return error(410, f"session {session_id!r} has {session.ended}")
         return {"type": "session_heartbeat"}
 
     @app.post("/api/v1/sessions/{session_id}/finish")

@@ -220,3 +220,38 @@ def test_a_model_made_for_a_session_that_expired_meanwhile_is_freed(tiny_folder,
         client.close("success").result(timeout=WAIT)
     finally:
         running.stop()
+
+
+def test_a_restarted_server_resumes_from_save_state_with_nothing_lost(tiny_folder, tmp_path):
+    """The server dies mid-run and comes back on the same port with the same --checkpoint-dir. The client that was
+    training goes on with the same ServiceClient: its old model is gone (one line: unknown model), it resumes from its
+    last ``save_state`` with the optimizer, and its next step gives the adapter bit for bit as a run that never
+    stopped (the reference: the same steps on the first server). Checkpoints live on disk, models in memory."""
+    from prefzoo.tinker.local import make_server, start_in_thread
+
+    first = start(tiny_folder, tmp_path)
+    port = int(first.url.rsplit(":", 1)[1])
+    client = tinker.ServiceClient(base_url=first.url, api_key="tml-tests")
+    try:
+        tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=2).result(timeout=WAIT)
+        for tokens in (TOKENS, OTHER):
+            tc.forward_backward([ce_datum(tokens)], "cross_entropy")
+            tc.optim_step(ADAM).result(timeout=WAIT)
+        path = tc.save_state("before-crash").result(timeout=WAIT).path
+        tc.forward_backward([ce_datum(TOKENS, 0.5)], "cross_entropy")
+        tc.optim_step(ADAM).result(timeout=WAIT)
+        reference, _ = saved(first, tc.save_state("never-stopped").result(timeout=WAIT).path)
+    finally:
+        first.stop()
+
+    second = start_in_thread(make_server("tiny", tiny_folder, tmp_path), port=port)
+    try:
+        one_line_failure(tc.forward_backward([ce_datum(TOKENS)], "cross_entropy"), "unknown model")
+        resumed = client.create_training_client_from_state_with_optimizer(path).result(timeout=WAIT)
+        resumed.forward_backward([ce_datum(TOKENS, 0.5)], "cross_entropy")
+        resumed.optim_step(ADAM).result(timeout=WAIT)
+        after, _ = saved(second, resumed.save_state("resumed").result(timeout=WAIT).path)
+        assert after.keys() == reference.keys() and all(torch.equal(after[k], reference[k]) for k in after)
+        client.close("success").result(timeout=WAIT)
+    finally:
+        second.stop()
