@@ -18,7 +18,7 @@ A FastAPI app (served by uvicorn) over one :class:`prefzoo.tinker.host.ModelHost
   queued on ONE worker thread and answered at once with a future (``request_id``); ``retrieve_future`` waits up to
   :data:`POLL_SECONDS` for it, then answers ``try_again``. A failed request comes back as the SDK's
   ``RequestFailedError`` with a one-line message (``category`` user for a bad request, server otherwise), never a hung
-  future. Results are kept until fetched;
+  future. Results are kept until fetched, or until their session ends;
 * checkpoints: under ``--checkpoint-dir``, ``RUN/weights/NAME`` (adapter + optimizer) and ``RUN/sampler_weights/NAME``
   (adapter), addressed as ``tinker://RUN/weights/NAME``; ``training_runs/RUN/checkpoints`` lists them and
   ``weights_info`` describes one.
@@ -89,6 +89,7 @@ class TinkerServer:
         self.sessions: dict[str, Session] = {}
         self.samplers: dict[str, Sampler] = {}
         self.futures: dict[str, concurrent.futures.Future] = {}
+        self.owners: dict[str, str] = {}  # request id -> the session that made it
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -111,11 +112,21 @@ class TinkerServer:
         with self.lock:
             return next((s for s in self.sessions.values() if model_id in s.models), None)
 
-    def submit(self, job: Callable[[], tuple[str, Any]]) -> str:
-        """Queue ``job`` on the worker; its request id."""
+    def submit(self, job: Callable[[], tuple[str, Any]], owner: str) -> str:
+        """Queue ``job`` on the worker for session ``owner`` (a model id's or sampler id's first part); its request
+        id."""
         request_id = str(next(self._ids))
         self.futures[request_id] = self.worker.submit(job)
+        self.owners[request_id] = owner.split(":", 1)[0]
         return request_id
+
+    def drop_results(self, session_id: str) -> None:
+        """Forget the results of an ended session's requests (its client is gone), now or once each is done."""
+        for request_id in [r for r, owner in list(self.owners.items()) if owner == session_id]:
+            future = self.futures.get(request_id)
+            self.owners.pop(request_id, None)
+            if future is not None:
+                future.add_done_callback(lambda _f, r=request_id: self.futures.pop(r, None))
 
     def end_session(self, session: Session, why: str) -> None:
         """Mark ``session`` ended and free its models and samplers (on the worker, after its queued work)."""
@@ -133,6 +144,7 @@ class TinkerServer:
             return "json", {}
 
         self.worker.submit(free)
+        self.drop_results(session.session_id)
 
     def expire(self, now: float | None = None) -> list[str]:
         """End every session silent for longer than ``session_timeout``; their ids."""
@@ -328,7 +340,7 @@ def build_app(server: TinkerServer):
             register(session, model_id)
             return "json", {"type": "create_model", "model_id": model_id}
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request):
@@ -356,7 +368,7 @@ def build_app(server: TinkerServer):
                                                       req["forward_only"])
             return "proto", wire.encode_forward_backward_output(logprobs, metrics)
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request):
@@ -373,7 +385,7 @@ def build_app(server: TinkerServer):
                                       adam.weight_decay, adam.grad_clip_norm)
             return "json", {"metrics": metrics}
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request):
@@ -388,7 +400,7 @@ def build_app(server: TinkerServer):
             host.save(req.model_id, folder, optimizer=True)
             return "json", {"type": "save_weights", "path": path}
 
-        return {"request_id": server.submit(job), "model_id": req.model_id}
+        return {"request_id": server.submit(job, req.model_id), "model_id": req.model_id}
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request):
@@ -409,7 +421,7 @@ def build_app(server: TinkerServer):
             host.load(model_id, folder, optimizer=req.optimizer)
             return "json", {"type": "load_weights", "path": req.path, "model_id": model_id}
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     def new_sampler(session_id: str, model_path: str | None, shape, snapshot) -> str:
         sampler_id = f"{session_id}:sample:{uuid.uuid4().hex[:8]}"
@@ -434,7 +446,7 @@ def build_app(server: TinkerServer):
             sampler_id = new_sampler(session_id, None, model.shape, host.adapter_state(req.model_id))
             return "json", {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
 
-        return {"request_id": server.submit(job), "model_id": req.model_id}
+        return {"request_id": server.submit(job, req.model_id), "model_id": req.model_id}
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request):
@@ -492,7 +504,7 @@ def build_app(server: TinkerServer):
             return "proto", wire.encode_sample_response(result.tokens, result.logprobs, result.stop_reasons,
                                                         result.prompt_logprobs)
 
-        return {"request_id": server.submit(job), "sample_sequence_ids": ids}
+        return {"request_id": server.submit(job, sampler.session_id), "sample_sequence_ids": ids}
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request):
@@ -510,6 +522,7 @@ def build_app(server: TinkerServer):
         except Exception:  # the job's own failure, read below
             pass
         server.futures.pop(request_id, None)
+        server.owners.pop(request_id, None)
         err = future.exception()
         if err is not None:
             return _failure(err)

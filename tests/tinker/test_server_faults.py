@@ -156,6 +156,7 @@ def test_a_silent_session_expires_and_its_model_is_freed(tiny_folder, tmp_path):
         assert server.expire(now=time.monotonic() + 61) == [session_id]
         server.worker.submit(lambda: None).result()  # the free queued on the worker has run
         assert not host.models and host.peft is None, "the expired session's model was not freed"
+        assert session_id not in server.owners.values()  # its requests' results are forgotten too
         assert not any("lora" in n for n, _ in host.base.named_parameters())
         one_line_failure(tc.forward_backward([ce_datum(TOKENS)], "cross_entropy"), "unknown model", "expired")
         import httpx
