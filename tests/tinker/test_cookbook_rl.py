@@ -23,11 +23,12 @@ import math
 import re
 from collections.abc import Sequence
 
-import chz
 import pytest
 
 tinker = pytest.importorskip("tinker")
 pytest.importorskip("tinker_cookbook")
+
+import chz  # noqa: E402  (a dependency of the cookbook)
 
 from tinker_cookbook import renderers  # noqa: E402
 from tinker_cookbook.rl import train  # noqa: E402
