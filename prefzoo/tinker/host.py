@@ -351,14 +351,13 @@ class ModelHost:
             self._slot_loaded[slot] = snapshot
         return self._activate(slot)
 
-    def sample(self, shape: LoraShape | None, snapshot: dict[str, torch.Tensor] | None, prompt: list[int],
-               num_samples: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
-               stop: list[int] | list[str] | None, seed: int | None, prompt_logprobs: bool) -> SampleResult:
-        """``num_samples`` completions of ``prompt`` with prefzoo's hf engine (tokens, their log-probs under the
-        distribution they were drawn from, why each stopped), and the prompt's log-probs if asked."""
-        from prefzoo.rollout.generate import sample_completions
-        from prefzoo.types import PromptBatch, SamplingParams
+    def check_sample(self, prompt: list[int], num_samples: int, max_tokens: int) -> None:
+        """Refuse a sampling request the model cannot take (run when it arrives, before it joins a batch).
 
+        Raises:
+            HostError: an empty prompt, a token id outside the vocabulary, prompt + max_tokens longer than the model's
+                positions, num_samples or max_tokens < 1.
+        """
         if not prompt:
             raise HostError("the prompt has no tokens.")
         vocab = self.base.get_input_embeddings().num_embeddings
@@ -369,37 +368,73 @@ class ModelHost:
                             "longest sequence the model takes.")
         if num_samples < 1 or max_tokens < 1:
             raise HostError(f"num_samples {num_samples}, max_tokens {max_tokens}: both must be >= 1.")
+
+    def sample(self, shape: LoraShape | None, snapshot: dict[str, torch.Tensor] | None, prompt: list[int],
+               num_samples: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
+               stop: list[int] | list[str] | None, seed: int | None, prompt_logprobs: bool) -> SampleResult:
+        """``num_samples`` completions of ``prompt`` with prefzoo's hf engine (tokens, their log-probs under the
+        distribution they were drawn from, why each stopped), and the prompt's log-probs if asked: one request of
+        :meth:`sample_many`."""
+        self.check_sample(prompt, num_samples, max_tokens)
+        return self.sample_many(shape, snapshot, [prompt], num_samples, max_tokens, temperature, top_p, top_k, stop,
+                                [seed], prompt_logprobs)[0]
+
+    def sample_many(self, shape: LoraShape | None, snapshot: dict[str, torch.Tensor] | None,
+                    prompts: list[list[int]], num_samples: int, max_tokens: int, temperature: float, top_p: float,
+                    top_k: int, stop: list[int] | list[str] | None, seeds: list[int | None],
+                    prompt_logprobs: bool) -> list[SampleResult]:
+        """Several requests' prompts sampled as ONE batch of the hf engine (left-padded; each distinct prompt is
+        prefilled once and its cache repeated for its ``num_samples`` rows): what a client sending one request per
+        prompt, as the cookbook does, costs once instead of once per prompt.
+
+        Every prompt has the same settings (the server batches only such requests). ``seeds``: one per prompt, all
+        ints or all None. A seeded prompt draws the uniforms :func:`prefzoo.rollout.generate.prompt_uniforms` gives its
+        seed, whatever else is in the batch (the same tokens alone or batched, up to the padding's float rounding of
+        the logits); unseeded prompts draw from the server's generator stream. Prompts are checked by
+        :meth:`check_sample` first.
+        """
+        from prefzoo.data.preference import pad_rows
+        from prefzoo.rollout.generate import prompt_uniforms, sample_completions
+        from prefzoo.types import PromptBatch, SamplingParams
+
         module = self._sampler_module(shape, snapshot)
         stop_strings = [s for s in stop if isinstance(s, str)] if isinstance(stop, list) else []
         eos = self.eos_ids if stop is None or stop_strings else [int(t) for t in stop]
         params = SamplingParams(temperature=max(temperature, 1e-6), top_p=top_p, top_k=max(top_k, 0),
                                 max_new_tokens=max_tokens, greedy=temperature <= 0)
-        generator = torch.Generator().manual_seed(seed) if seed is not None else self.generator
-        ids = torch.tensor([prompt], dtype=torch.long)
-        batch = PromptBatch(prompt_ids=ids, prompt_mask=torch.ones_like(ids, dtype=torch.bool))
+        uniforms = None  # a seeded request draws what prefzoo's hf engine draws for a prompt with that rollout seed
+        if seeds[0] is not None and not params.greedy:
+            uniforms = prompt_uniforms([int(s) for s in seeds], num_samples, max_tokens)
+        pad = self.tokenizer.pad_token_id or 0
+        ids, mask = pad_rows(prompts, "left", pad)
+        batch = PromptBatch(prompt_ids=ids, prompt_mask=mask)
         with torch.no_grad(), self._adapter_context(module) as m:
             seqs, logps = sample_completions(m, batch, num_samples, params, eos_token_ids=eos or [-1],
-                                             pad_id=self.tokenizer.pad_token_id or 0, generator=generator,
+                                             pad_id=pad, generator=self.generator, uniforms=uniforms,
                                              kv_cache="dynamic")
-            prompt_lp = None
+            prompt_lps = [None] * len(prompts)
             if prompt_logprobs:
-                logits = m(input_ids=ids, use_cache=False).logits
-                lp = token_logps(logits[:, :-1], ids[:, 1:])[0].tolist()
-                prompt_lp = [math.nan] + lp
-        tokens, logprobs, reasons = [], [], []
-        for row in range(num_samples):
-            n = int(seqs.completion_mask[row].sum())
-            toks = seqs.completion_ids[row, :n].tolist()
-            lps = logps[row, :n].tolist()
-            reason = "length" if bool(seqs.truncated[row]) else "stop"
-            if stop_strings:
-                cut = self._stop_string_cut(toks, stop_strings)
-                if cut is not None:
-                    toks, lps, reason = toks[:cut], lps[:cut], "stop"
-            tokens.append(toks)
-            logprobs.append(lps)
-            reasons.append(reason)
-        return SampleResult(tokens, logprobs, reasons, prompt_lp)
+                for i, prompt in enumerate(prompts):
+                    one = torch.tensor([prompt], dtype=torch.long)
+                    logits = m(input_ids=one, use_cache=False).logits
+                    prompt_lps[i] = [math.nan] + token_logps(logits[:, :-1], one[:, 1:])[0].tolist()
+        out = []
+        for i in range(len(prompts)):
+            tokens, logprobs, reasons = [], [], []
+            for row in range(i * num_samples, (i + 1) * num_samples):
+                n = int(seqs.completion_mask[row].sum())
+                toks = seqs.completion_ids[row, :n].tolist()
+                lps = logps[row, :n].tolist()
+                reason = "length" if bool(seqs.truncated[row]) else "stop"
+                if stop_strings:
+                    cut = self._stop_string_cut(toks, stop_strings)
+                    if cut is not None:
+                        toks, lps, reason = toks[:cut], lps[:cut], "stop"
+                tokens.append(toks)
+                logprobs.append(lps)
+                reasons.append(reason)
+            out.append(SampleResult(tokens, logprobs, reasons, prompt_lps[i]))
+        return out
 
     def _adapter_context(self, module):
         """The base model with every adapter off (``module`` None), or ``module`` as is."""

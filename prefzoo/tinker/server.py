@@ -73,6 +73,23 @@ class Sampler:
     snapshot: dict[str, torch.Tensor] | None  # None: the base model
 
 
+@dataclass
+class PendingSample:
+    """One ``asample`` request waiting on the worker: what it asks, the batch key it shares with others, its result."""
+
+    key: tuple  # (sampler id(snapshot), shape, num_samples, max_tokens, temperature, top_p, top_k, stop, seeded)
+    sampler: "Sampler"
+    prompt: list[int]
+    seed: int | None
+    result: Any = None
+    error: BaseException | None = None
+
+
+#: how long the worker waits, when it starts a batch of sampling requests, for the rest of a burst to arrive (a client
+#: such as the cookbook's sends one request per prompt at once; they reach the server a few milliseconds apart)
+SAMPLE_GATHER_SECONDS = 0.05
+
+
 class TinkerServer:
     """The state behind the app: sessions, samplers, futures and the worker (see the module docstring).
 
@@ -94,6 +111,34 @@ class TinkerServer:
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
+        self.pending_samples: list[PendingSample] = []
+
+    def sample_batched(self, entry: PendingSample, prompt_logprobs: bool) -> Any:
+        """``entry``'s samples, run on the worker. Requests that wait with the same settings (the same sampler
+        weights, num_samples, max_tokens, temperature, top-p, top-k, stop, seeded or not) and no prompt log-probs are
+        sampled in ONE batch with it (:meth:`ModelHost.sample_many`); their own jobs then find their result ready."""
+        if entry.result is None and entry.error is None:
+            if not prompt_logprobs:
+                time.sleep(SAMPLE_GATHER_SECONDS)
+            with self.lock:
+                group = [entry] if prompt_logprobs else [e for e in self.pending_samples if e.key == entry.key]
+                for e in group:
+                    if e in self.pending_samples:
+                        self.pending_samples.remove(e)
+            (_, shape, n, max_tokens, temperature, top_p, top_k, stop, _) = entry.key
+            try:
+                results = self.host.sample_many(entry.sampler.shape, entry.sampler.snapshot, [e.prompt for e in group],
+                                                n, max_tokens, temperature, top_p, top_k,
+                                                list(stop) if stop is not None else None, [e.seed for e in group],
+                                                prompt_logprobs)
+                for e, r in zip(group, results):
+                    e.result = r
+            except BaseException as err:  # noqa: BLE001 - every request of the batch fails with it, none hangs
+                for e in group:
+                    e.error = err
+        if entry.error is not None:
+            raise entry.error
+        return entry.result
 
     # --- bookkeeping ------------------------------------------------------------------------------------------------
 
@@ -501,9 +546,15 @@ def build_app(server: TinkerServer):
         max_tokens = sp.max_tokens if sp.max_tokens is not None else 64
         ids = [f"{req.sampling_session_id}:{req.seq_id}:{i}" for i in range(req.num_samples)]
 
+        host.check_sample(prompt, req.num_samples, max_tokens)
+        entry = PendingSample((id(sampler.snapshot), sampler.shape, req.num_samples, max_tokens, sp.temperature,
+                               sp.top_p, sp.top_k, tuple(stop) if stop is not None else None, sp.seed is not None),
+                              sampler, prompt, sp.seed)
+        with server.lock:
+            server.pending_samples.append(entry)
+
         def job():
-            result = host.sample(sampler.shape, sampler.snapshot, prompt, req.num_samples, max_tokens,
-                                 sp.temperature, sp.top_p, sp.top_k, stop, sp.seed, bool(req.prompt_logprobs))
+            result = server.sample_batched(entry, bool(req.prompt_logprobs))
             if req.prompt_logprobs_last_n is not None and result.prompt_logprobs is not None:
                 keep = req.prompt_logprobs_last_n
                 result.prompt_logprobs = [math.nan] * (len(prompt) - keep) + result.prompt_logprobs[-keep:]

@@ -112,3 +112,33 @@ def test_forward_backward_custom_equals_the_built_in_cross_entropy(service_clien
     # the custom route's weights are -dC/dlogp = w exactly (the loss is linear), so the two runs are the same
     # computation: equal to the bit
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_requests_sent_at_once_are_sampled_as_one_batch_with_each_ones_own_tokens(service_client, tinker_server,
+                                                                                 monkeypatch):
+    """The cookbook sends one ``sample`` request per prompt, all at once: the server samples them in one batch of the
+    hf engine (fewer ``sample_many`` calls than requests), and each seeded request gets the tokens it gets alone.
+
+    The tokens: a seeded request inverts the uniforms of its own seed (``prompt_uniforms``), alone or batched; what
+    differs is the left padding of the shorter prompts, which changes the logits by float rounding only (masked
+    positions), so a token could differ only where a uniform falls within ~1e-6 of a CDF step: the test compares them
+    exactly. The log-probs: the same two float32 computations of one log-softmax as above, bound 2 gamma_V (1 + |lp|).
+    """
+    tc = service_client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompts = [PROMPT, PROMPT[:5], PROMPT[2:], [1, 504, 2682]]
+    params = [types.SamplingParams(max_tokens=6, temperature=1.0, seed=100 + i) for i in range(len(prompts))]
+    alone = [sampler.sample(types.ModelInput.from_ints(p), 2, sp).result() for p, sp in zip(prompts, params)]
+    calls = []
+    real = tinker_server.server.host.sample_many
+    monkeypatch.setattr(tinker_server.server.host, "sample_many",
+                        lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    futures = [sampler.sample(types.ModelInput.from_ints(p), 2, sp) for p, sp in zip(prompts, params)]
+    together = [f.result() for f in futures]
+    assert sum(calls) == len(prompts) and len(calls) < len(prompts), calls
+    vocab = 49152
+    for a, b in zip(alone, together):
+        for sa, sb in zip(a.sequences, b.sequences):
+            assert sa.tokens == sb.tokens
+            la, lb = torch.tensor(sa.logprobs), torch.tensor(sb.logprobs)
+            assert (la - lb).abs().le(2 * gamma(vocab) * (1 + la.abs())).all()
