@@ -163,8 +163,9 @@ class TinkerSession:
         self.url, self.base_model, self.timeout = url, base_model, timeout
         self.service = tinker.ServiceClient(base_url=url, api_key=api_key())
         if resume_path is None:
-            self.training = self.service.create_lora_training_client(base_model=base_model, rank=rank,
-                                                                     seed=seed).result(timeout=timeout)
+            # prefzoo's target_modules="all-linear" (peft's: every linear layer but the output layer)
+            self.training = self.service.create_lora_training_client(base_model=base_model, rank=rank, seed=seed,
+                                                                     train_unembed=False).result(timeout=timeout)
         else:
             self.training = self.service.create_training_client_from_state_with_optimizer(
                 resume_path).result(timeout=timeout)

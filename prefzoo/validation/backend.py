@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from prefzoo.errors import ConfigError
 
-__all__ = ["check_backend", "base_model_name"]
+__all__ = ["check_backend", "check_backend_server", "base_model_name"]
 
 
 def base_model_name(cfg) -> str:
@@ -38,11 +38,16 @@ def _refusals(cfg, declaration, processes: int):
     yield r.temperature != 1.0, (f"rollout.temperature={r.temperature}: the loss needs log-probs at the sampling "
                                  "temperature and a Tinker server returns them at temperature 1 only; set "
                                  "rollout.temperature=1.0")
-    quantile = getattr(cfg.algo, "top_entropy_quantile", 1.0)  # (a config field of the online family)
-    yield quantile < 1.0, (f"algo.top_entropy_quantile={quantile} needs the per-token entropy, which a Tinker server "
-                           "does not return; set it to 1.0")
+    yield d.token_entropy, (f"algo={algo}'s loss reads the per-token entropy (algo.top_entropy_quantile < 1), which "
+                            "a Tinker server does not return; set algo.top_entropy_quantile=1.0")
     yield not m.lora.enabled, ("model.lora.enabled=false: a Tinker server trains LoRA adapters (rank model.lora.r) "
                                "only")
+    lora = type(m.lora)()  # (the defaults: what the API's create_lora_training_client can ask for is the rank)
+    yield m.lora.alpha != lora.alpha, (f"model.lora.alpha={m.lora.alpha}: the Tinker API sets the rank only "
+                                       f"(model.lora.r); the server's scaling is its own (prefzoo's: {lora.alpha})")
+    yield m.lora.target_modules != lora.target_modules or bool(m.lora.modules_to_save), (
+        "model.lora.target_modules / modules_to_save: the Tinker API trains its attention and MLP layers' adapters "
+        "(prefzoo's all-linear), nothing else")
     yield bool(m.adapter_path), (f"model.adapter_path={m.adapter_path}: the server starts from its own base model "
                                  "(a fresh adapter, or a resumed run's server state)")
     yield m.quantization != "none", f"model.quantization={m.quantization}: the server chooses its own weights' format"
@@ -57,17 +62,28 @@ def _refusals(cfg, declaration, processes: int):
 
 
 def check_backend(cfg, declaration, processes: int) -> None:
-    """``backend=tinker``: refuse what the server cannot do (module docstring), then check the server answers and
-    serves :func:`base_model_name` (:func:`prefzoo.tinker.backend.check_server`). Nothing for ``backend=local``.
+    """``backend=tinker``: refuse what the server cannot do (module docstring; the first of the pre-flight's checks
+    after the plugin is built, so that no other check loads or asks anything for a run that cannot go on). Nothing for
+    ``backend=local``.
 
     Raises:
-        ConfigError: one line, ``backend=tinker: <what> (<why>).``, or the server's problem.
+        ConfigError: one line, ``backend=tinker cannot run this: <what and why>.``
     """
     if cfg.backend.name != "tinker":
         return
     for refused, why in _refusals(cfg, declaration, processes):
         if refused:
             raise ConfigError(f"backend=tinker cannot run this: {why}.")
+
+
+def check_backend_server(cfg) -> None:
+    """``backend=tinker``: the server answers and serves :func:`base_model_name` for training
+    (:func:`prefzoo.tinker.backend.check_server`); nothing for ``backend=local``.
+
+    Raises:
+        ConfigError: no server at ``backend.url``, not a Tinker server, or another model."""
+    if cfg.backend.name != "tinker":
+        return
     from prefzoo.tinker.backend import check_server
 
     check_server(cfg.backend.url, base_model_name(cfg), timeout=min(10.0, cfg.backend.timeout))
