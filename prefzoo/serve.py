@@ -1,4 +1,5 @@
-"""``prefzoo serve``: a vLLM server the trainer can drive (``rollout.engine=vllm_server``, docs/scaling-out.md).
+"""``prefzoo serve``: a vLLM server the trainer can drive (``rollout.engine=vllm_server``, docs/scaling-out.md), or,
+with ``--api tinker``, prefzoo's own server of the Tinker training API (docs/tinker.md).
 
     prefzoo serve --model smollm2 --port 8000
     prefzoo serve --model tiny --tiny-hidden-size 128 --seed 0 --port 8001
@@ -17,6 +18,13 @@ folder (the same process: stopping it stops the server), started with what the t
   top-p), as the trainer recomputes them;
 * ``--dtype``, ``--max-model-len``, ``--seed``, ``--host``, ``--port``; on a machine without CUDA (vLLM's CPU build)
   the KV cache size (``VLLM_CPU_KVCACHE_SPACE``) and, with ``--threads``, that many OpenMP threads unbound to cores.
+
+``--api tinker`` starts :mod:`prefzoo.tinker.server` in this process instead, on the same ``--model`` folder:
+``--checkpoint-dir`` (where ``save_state`` writes adapters), ``--session-timeout`` (seconds without a heartbeat before
+a client's models are freed), ``--max-models`` (training models held at once), ``--host``, ``--port``, ``--seed``;
+vLLM's options and anything after ``--`` are refused there.
+
+    prefzoo serve --api tinker --model tiny --port 8000 --checkpoint-dir runs/tinker
 
 Anything after ``--`` goes to vLLM unchanged, except the options listed above, which prefzoo serve sets itself (refused
 there in one line, naming the option to use). ``--print-command`` prints the command and the environment it would
@@ -57,6 +65,29 @@ RESERVED = {"--model": "use --model", "--served-model-name": "it follows from --
             "--host": "use --host", "--port": "use --port"}
 
 
+#: options only vLLM's server uses: refused with ``--api tinker`` when set to anything but their default
+VLLM_ONLY = ("dtype", "max_lora_rank", "max_model_len", "cpu_kv_cache_gib", "threads", "print_command")
+
+
+def _check_tinker(args: argparse.Namespace, extra: list[str]) -> None:
+    """``--api tinker``: no vLLM option, no ``--`` options, a positive timeout and model count, a checkpoint folder
+    that is not a file; PrefzooError otherwise."""
+    defaults = _parser().parse_args([])
+    for name in VLLM_ONLY:  # (their defaults are never None: a given value differs from it)
+        if getattr(args, name) != getattr(defaults, name):
+            raise PrefzooError(f"--{name.replace('_', '-')} is an option of vLLM's server; --api tinker serves the "
+                               "model in this process (drop it, or use --api vllm).")
+    if extra:
+        raise PrefzooError(f"{' '.join(extra)} after --: --api tinker passes nothing on (those go to vLLM's server).")
+    if not args.session_timeout > 0:
+        raise PrefzooError(f"--session-timeout {args.session_timeout}: must be > 0 seconds (the SDK beats every 10 s; "
+                           "60 is the default).")
+    if args.max_models < 1:
+        raise PrefzooError(f"--max-models {args.max_models}: must be >= 1.")
+    if Path(args.checkpoint_dir).expanduser().is_file():
+        raise PrefzooError(f"--checkpoint-dir {args.checkpoint_dir}: is a file; give a folder (created if missing).")
+
+
 def _check(args: argparse.Namespace, extra: list[str]) -> None:
     """Ranges of the options, the model folder, and no reserved vLLM option after ``--``; PrefzooError otherwise."""
     for name, low, high in (("port", 1, 65535), ("max_lora_rank", 1, None), ("max_model_len", 1, None),
@@ -92,13 +123,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048, help="prompt + completion tokens per request")
     p.add_argument("--seed", type=int, default=0, help="vLLM's own seed; model tiny: its weights' seed (the run's "
                    "trainer.seed)")
-    p.add_argument("--tiny-hidden-size", type=int, default=128, help="model tiny: its width (vLLM's CPU attention "
-                   "needs a head size of 32 or more: 128 with 4 heads)")
+    p.add_argument("--tiny-hidden-size", type=int, default=None, help="model tiny: its width (default 128 with "
+                   "--api vllm: vLLM's CPU attention needs a head size of 32 or more, 128 with 4 heads; 64 with --api "
+                   "tinker, model=tiny's width in a run)")
     p.add_argument("--tiny-layers", type=int, default=2)
     p.add_argument("--cpu-kv-cache-gib", type=int, default=1, help="without CUDA: the KV cache's size in GiB")
     p.add_argument("--threads", type=int, default=0, help="without CUDA: OpenMP threads of the engine, unbound to "
                    "cores (0: vLLM's default, which binds them)")
     p.add_argument("--print-command", action="store_true", help="print the command and its environment; start nothing")
+    p.add_argument("--api", default="vllm", choices=("vllm", "tinker"), help="vllm: vLLM's OpenAI server (for "
+                   "rollout.engine=vllm_server); tinker: prefzoo's Tinker training API server (docs/tinker.md)")
+    p.add_argument("--checkpoint-dir", default="tinker-checkpoints", help="--api tinker: where save_state and "
+                   "save_weights_for_sampler write adapters (tinker://RUN/weights/NAME is RUN/weights/NAME here)")
+    p.add_argument("--session-timeout", type=float, default=60.0, help="--api tinker: seconds without a heartbeat "
+                   "after which a client's session ends and its models are freed")
+    p.add_argument("--max-models", type=int, default=4, help="--api tinker: training models held at once")
     return p
 
 
@@ -159,6 +198,22 @@ def _module_exists(module: str) -> bool:
         return False
 
 
+def _serve_tinker(args: argparse.Namespace) -> int:
+    """``--api tinker``: build the model folder, then serve the Tinker API on it in this process until interrupted."""
+    from prefzoo.tinker.local import make_server, serve_forever
+
+    folder = model_folder(args.model, seed=args.seed, tiny_hidden_size=args.tiny_hidden_size,
+                          tiny_layers=args.tiny_layers)
+    server = make_server(args.model, folder, Path(args.checkpoint_dir).expanduser(), seed=args.seed,
+                         max_models=args.max_models, session_timeout=args.session_timeout)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    print(f"prefzoo serve: the Tinker API on {args.model} ({folder}) at http://{host}:{args.port} (tinker."
+          f"ServiceClient(base_url=\"http://{host}:{args.port}\", api_key=\"tml-local\"); checkpoints in "
+          f"{args.checkpoint_dir})", flush=True)
+    serve_forever(server, args.host, args.port)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """``prefzoo serve [options] [-- vLLM options]``: start the server (this process becomes it), or print it."""
     argv = list(argv)
@@ -166,7 +221,12 @@ def main(argv: list[str]) -> int:
     ours = argv[:argv.index("--")] if "--" in argv else argv
     try:
         args = _parser().parse_args(ours)
-        _check(args, extra)
+        if args.tiny_hidden_size is None:
+            args.tiny_hidden_size = 64 if args.api == "tinker" else 128
+        _check(args, [] if args.api == "tinker" else extra)
+        if args.api == "tinker":
+            _check_tinker(args, extra)
+            return _serve_tinker(args)
         if not args.print_command and importlib.util.find_spec("vllm") is None:
             from prefzoo.config import VLLM_INSTALL
 

@@ -56,10 +56,13 @@ ALLOWED: dict[str, set[str]] = {
     "cli": BASE | MIDDLE | {"algos", "training", "lab", "report"},
     # prefzoo serve (issue 31): a vLLM server on the model a run resolves (models) with the names the trainer checks
     # (rollout); beside the loop, not under it
-    "serve": BASE | MIDDLE,
-    "commands": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "serve"},  # the prefzoo console script
+    "serve": BASE | MIDDLE | {"tinker"},
+    # the Tinker training API (issue 50): direction A, prefzoo's own Tinker server on the models, the rollout and the
+    # objective's losses; beside the loop, never the plugins or the loop itself
+    "tinker": BASE | MIDDLE,
+    "commands": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "serve", "tinker"},  # the prefzoo console script
     "diagnose": BASE | {"report"},  # python -m prefzoo.diagnose: the beta doctor of prefzoo.report.diagnose
-    "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "commands", "serve"},
+    "__main__": BASE | MIDDLE | {"algos", "training", "lab", "report", "cli", "commands", "serve", "tinker"},
     # the Python API (prefzoo.train / load_policy): the command line's path, without its printing and exiting
     "api": BASE | MIDDLE | {"algos", "training", "cli", "commands"},
     "__init__": {"api"},  # lazily only (module __getattr__): see test_the_package_imports_the_api_only_lazily

@@ -209,6 +209,15 @@ def test_tiny_dpo_on_the_default_data_runs():
     (["--model", "/nonexistent/folder", "--print-command"], "--model /nonexistent/folder: no model folder there"),
     (["--print-command", "--", "--logprobs-mode", "raw_logprobs"],
      "--logprobs-mode after --: prefzoo serve sets --logprobs-mode itself (always processed_logprobs"),
+    # --api tinker (issue 50): prefzoo's own Tinker server, in this process; vLLM's options refused
+    (["--api", "grpc"], "argument --api: invalid choice: 'grpc' (choose from 'vllm', 'tinker')"),
+    (["--api", "tinker", "--max-lora-rank", "32"], "--max-lora-rank is an option of vLLM's server; --api tinker"),
+    (["--api", "tinker", "--print-command"], "--print-command is an option of vLLM's server; --api tinker"),
+    (["--api", "tinker", "--", "--enforce-eager"], "--enforce-eager after --: --api tinker passes nothing on"),
+    (["--api", "tinker", "--session-timeout", "0"], "--session-timeout 0.0: must be > 0 seconds"),
+    (["--api", "tinker", "--max-models", "0"], "--max-models 0: must be >= 1."),
+    (["--api", "tinker", "--checkpoint-dir", "pyproject.toml"], "--checkpoint-dir pyproject.toml: is a file"),
+    (["--api", "tinker", "--model", "/nonexistent/folder"], "--model /nonexistent/folder: no model folder there"),
 ])
 def test_prefzoo_serve_refuses_bad_options_in_one_line(argv, message, capsys):
     """`prefzoo serve` (issue 31): a bad option is one line naming it, exit 2, before any model is built or vLLM is

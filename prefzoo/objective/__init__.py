@@ -98,8 +98,8 @@ from .masks import high_entropy_mask, off_policy_sequence_mask
 from .shaping import decoupled_group_rewards, overlong_penalty
 from .distillation import TokenLogits, chunked_generalized_jsd, generalized_jsd, teacher_log_ratio_rewards
 from .importance import (CORRECTION_MODES, clipped_is_weight, correction_log_ratio, correction_metrics,
-                         correction_weights, gspo_token_log_ratio, sampler_mismatch, sequence_clipped_surrogate_loss,
-                         sequence_log_ratio, weighted_policy_gradient_loss)
+                         correction_weights, gspo_token_log_ratio, importance_sampling_loss, sampler_mismatch,
+                         sequence_clipped_surrogate_loss, sequence_log_ratio, weighted_policy_gradient_loss)
 
 __all__ = [
     # errors
@@ -174,6 +174,7 @@ __all__ = [
     "gspo_token_log_ratio",
     "sequence_clipped_surrogate_loss",
     "clipped_is_weight",
+    "importance_sampling_loss",
     "weighted_policy_gradient_loss",
     "sampler_mismatch",
     "CORRECTION_MODES",

@@ -7,6 +7,8 @@
   sequence (GSPO; TRL 1.16's RLOO on the whole sequence's ratio).
 - :func:`clipped_is_weight`: CISPO's clipped importance-sampling weight, detached (MiniMax-M1 2025).
 - :func:`weighted_policy_gradient_loss`: -sg(w) A log pi per token (CISPO; REINFORCE when w = 1).
+- :func:`importance_sampling_loss`: -ratio A per token, the unclipped importance-weighted policy gradient (Tinker's
+  ``importance_sampling`` loss).
 - :func:`sampler_mismatch`, :func:`correction_metrics`: how far a sampler's log-probs (a rollout engine's, a stale
   policy's) are from the trainer's; :func:`correction_weights`: the importance weights that correct for it, truncated
   (TIS) or masked (MIS, IcePop), per token or per sequence (Yao et al. 2025; Liu et al. 2025).
@@ -22,7 +24,7 @@ import torch
 from .errors import ObjectiveError, check_mask, check_ndim, check_number, check_same_shape
 
 __all__ = ["sequence_log_ratio", "gspo_token_log_ratio", "sequence_clipped_surrogate_loss", "clipped_is_weight",
-           "weighted_policy_gradient_loss", "sampler_mismatch", "CORRECTION_MODES", "correction_log_ratio",
+           "weighted_policy_gradient_loss", "importance_sampling_loss", "sampler_mismatch", "CORRECTION_MODES", "correction_log_ratio",
            "correction_weights", "correction_metrics"]
 
 
@@ -191,6 +193,35 @@ def weighted_policy_gradient_loss(logps: torch.Tensor, advantages: torch.Tensor,
         check_same_shape("weights", weights, "logps", logps)
         coeff = coeff * weights.detach().to(logps.dtype)
     loss = -coeff * logps
+    return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+
+
+def importance_sampling_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
+                             mask: torch.Tensor) -> torch.Tensor:
+    """Per-token importance-weighted policy-gradient loss, no clip: loss_t = -exp(logps_t - old_logps_t) * A_t.
+
+    Its gradient is -ratio_t A_t grad log pi(y_t): REINFORCE on samples drawn from pi_old, corrected by the
+    importance ratio (unbiased for the on-policy gradient, unbounded variance: PPO's clip is what bounds it). At
+    logps == old_logps (the first pass on fresh samples) the value is -A_t and the gradient REINFORCE's. old_logps
+    and advantages are detached. 0 at masked positions.
+
+    Shape: logps (B, T), old_logps (B, T), advantages (B,) (broadcast over T) or (B, T), mask (B, T) bool -> (B, T).
+    Units: advantage units per token.
+
+    Raises:
+        ObjectiveError: shapes disagree or not 2-D; mask not bool.
+
+    Source: the policy gradient theorem with importance sampling (Sutton & Barto 2018, sec. 13.2 and 5.5; Degris et
+    al. 2012, "Off-Policy Actor-Critic", eq. 4, per token); the ``importance_sampling`` loss of Tinker (Thinking
+    Machines, loss functions docs: -sum exp(lp - lp_sampler) A).
+    """
+    log_ratio = _is_log_ratio(logps, old_logps, mask)
+    if advantages.dim() == 1 and advantages.shape[0] == logps.shape[0]:
+        advantages = advantages[:, None]
+    elif advantages.shape != logps.shape:
+        raise ObjectiveError(f"advantages has shape {tuple(advantages.shape)} but logps has shape "
+                             f"{tuple(logps.shape)}; advantages must be (B,) per sequence or (B, T) per token")
+    loss = -log_ratio.exp() * advantages.detach().to(logps.dtype)
     return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
 
 
