@@ -45,8 +45,6 @@ ALLOWED: dict[str, set[str]] = {
     # multi-turn environments and tools (issue 28): the shared vocabulary only; the rollout and the loop use them
     # (the built-in ones read answers as the verifier does; the demonstrations are written from the task's problems)
     "environments": BASE | {"objective", "types", "rewards", "data"},
-    # the Tinker API (issue 50): the server (prefzoo serve --api tinker) and the client side of backend=tinker
-    "tinker": BASE | MIDDLE,
     "validation": BASE | MIDDLE | {"tinker"},  # config's checks of names and paths (reward functions, adapters, metrics)
     # models, data, rollout, rewards, evaluation: the shared vocabulary and each other, never algos or the loop
     **{room: BASE | MIDDLE for room in ("models", "data", "rollout", "rewards", "evaluation")},
