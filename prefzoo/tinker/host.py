@@ -361,12 +361,17 @@ class ModelHost:
         params = SamplingParams(temperature=max(temperature, 1e-6), top_p=top_p, top_k=max(top_k, 0),
                                 max_new_tokens=max_tokens, greedy=temperature <= 0)
         generator = torch.Generator().manual_seed(seed) if seed is not None else self.generator
+        uniforms = None  # a seeded request draws what prefzoo's hf engine draws for a prompt with that rollout seed
+        if seed is not None and not params.greedy:
+            from prefzoo.rollout.generate import prompt_uniforms
+
+            uniforms = prompt_uniforms([seed], num_samples, max_tokens)
         ids = torch.tensor([prompt], dtype=torch.long)
         batch = PromptBatch(prompt_ids=ids, prompt_mask=torch.ones_like(ids, dtype=torch.bool))
         with torch.no_grad(), self._adapter_context(module) as m:
             seqs, logps = sample_completions(m, batch, num_samples, params, eos_token_ids=eos or [-1],
                                              pad_id=self.tokenizer.pad_token_id or 0, generator=generator,
-                                             kv_cache="dynamic")
+                                             uniforms=uniforms, kv_cache="dynamic")
             prompt_lp = None
             if prompt_logprobs:
                 logits = m(input_ids=ids, use_cache=False).logits
