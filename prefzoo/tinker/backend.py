@@ -175,7 +175,7 @@ class TinkerSession:
         self.tape: list[tuple[list[_Row], Tensor]] = []  # this optimizer step's (rows, log-prob leaf) of the loss
         self.run_id = uuid.uuid4().hex[:8]
         self.saves = 0
-        self.last_metrics: dict[str, float] = {}  # the last optim_step's, e.g. a gradient norm
+        self.grad_norms: list[float] = []  # each optim_step's gradient norm before clipping, where the server gives one
 
     # ------------------------------------------------------------------------------------------- log-probs
     def forward_logps(self, batch: SequenceBatch) -> tuple[list[_Row], Tensor]:
@@ -220,7 +220,10 @@ class TinkerSession:
         step = self.training.optim_step(types.AdamParams(learning_rate=lr, beta1=betas[0], beta2=betas[1], eps=eps,
                                                          weight_decay=weight_decay, grad_clip_norm=grad_clip_norm))
         fb.result(timeout=self.timeout)
-        self.last_metrics = dict(step.result(timeout=self.timeout).metrics or {})
+        metrics = step.result(timeout=self.timeout).metrics or {}
+        norm = metrics.get("grad_norm:mean", metrics.get("grad_norm"))
+        if norm is not None:
+            self.grad_norms.append(float(norm))
         self._sampler = None
         return True
 

@@ -324,6 +324,9 @@ class Trainer:
             permutation=lambda rows: dp.broadcast_object(torch.randperm(rows).tolist()),
             layout=(offset, n_global), parallel=parallel, step=context)
         t2 = time.perf_counter()
+        if self.remote is not None and self.remote.grad_norms:  # backend=tinker: the server's, one per optimizer step
+            pairs["grad_norm"] = [sum(self.remote.grad_norms), float(len(self.remote.grad_norms))]
+            self.remote.grad_norms = []
         out = dict(metrics)  # the rollout's (per-row means over this process's rows)
         if self.scorer is not None:
             out.update(self.scorer.last_metrics)
