@@ -23,10 +23,10 @@ What makes the two runs comparable:
   order than the local fused path. Compared where it matters, the update's relative size: between two LOCAL runs
   that differ only in that way (``model.fast.fused_logps/fused_lora/gqa_attention/merged_rollout=false`` against the
   defaults) ||d_plain - d_fused|| / ||d_fused|| was measured at 3.3e-5 (1 thread; 8.7e-6 between 1 and 2 threads);
-  the bound is 10 times the larger, 3.3e-4. Measured remote against local: 2.6e-5. The server's gradient norm (before
-  clipping) against the local one: the same relative bound (measured 1.8e-7).
+  the bound is 10 times the larger, 3.3e-4. Measured remote against local: 2.6e-5 (beta = 0), 8.0e-6 (beta = 0.04).
+  The server's gradient norm (before clipping) against the local one: the same relative bound (measured 1.8e-7).
 
-Cost: two tiny runs of 2 steps for the comparison, two more for the resume (about 25 s on this machine).
+Cost: four tiny runs of 2 steps for the comparisons, two more for the resume (about 20 s on this machine).
 """
 
 from __future__ import annotations
@@ -112,15 +112,24 @@ def update(after: dict, before: dict) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def remote_run(server, tmp_path_factory):
-    """Two GRPO steps through backend=tinker: (run folder, the server's initial adapter, its final adapter)."""
+def remote_runs(server, tmp_path_factory):
+    """``beta -> `` two GRPO steps through backend=tinker at ``objective.beta=beta``: (run folder, the server's initial
+    adapter, its final adapter's (folder, state)); each run made once."""
     import prefzoo
 
-    run_dir = tmp_path_factory.mktemp("tback-runs") / "remote"
-    before = set(server.initial)
-    prefzoo.train(RUN + ["backend=tinker", f"backend.url={server.url}"], run_dir=run_dir)
-    (model_id,) = set(server.initial) - before
-    return run_dir, server.initial[model_id], server_adapter(server, run_dir)
+    done = {}
+
+    def run(beta: float):
+        if beta not in done:
+            run_dir = tmp_path_factory.mktemp("tback-runs") / f"remote-{beta}"
+            before = set(server.initial)
+            prefzoo.train(RUN + [f"objective.beta={beta}", "backend=tinker", f"backend.url={server.url}"],
+                          run_dir=run_dir)
+            (model_id,) = set(server.initial) - before
+            done[beta] = run_dir, server.initial[model_id], server_adapter(server, run_dir)
+        return done[beta]
+
+    return run
 
 
 def test_the_server_serves_model_tiny(server):
@@ -133,23 +142,29 @@ def test_the_server_serves_model_tiny(server):
         assert torch.equal(v, served[k]), k
 
 
-def test_grpo_through_tinker_equals_the_local_run(server, remote_run, tmp_path):
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_grpo_through_tinker_equals_the_local_run(server, remote_runs, tmp_path, beta):
     """Two GRPO steps on backend=tinker and in this process from the same adapter (module docstring): the same rewards
-    and losses exactly, the same update within UPDATE_BOUND of its size, the server's gradient norm within it too."""
+    exactly, the same update within UPDATE_BOUND of its size, the server's gradient norm within it too; at beta = 0 the
+    same losses exactly. At beta = 0.04 (GRPO's KL loss term, k3) pi_ref is the server's base model (a sampling client
+    on the base weights, prompt log-probs of prompt + completion), the local run's the adapter-disabled model (its
+    starting adapter has B = 0, so it is the base too): the KL term differs by rounding and the loss is compared
+    through the update only."""
     import prefzoo
     from safetensors.torch import load_file, save_file
 
-    run_dir, initial, (folder, final) = remote_run
+    run_dir, initial, (folder, final) = remote_runs(beta)
     start = tmp_path / "start"  # the server's initial adapter as a peft folder (its config as the server wrote it)
     start.mkdir()
     shutil.copy(folder / "adapter_config.json", start)
     save_file({k: v.contiguous() for k, v in initial.items()}, str(start / "adapter_model.safetensors"))
     local_dir = tmp_path / "local"
-    prefzoo.train(RUN + [f"model.adapter_path={start}"], run_dir=local_dir)
+    prefzoo.train(RUN + [f"objective.beta={beta}", f"model.adapter_path={start}"], run_dir=local_dir)
     remote, local = metrics(run_dir), metrics(local_dir)
     assert [m["step"] for m in remote] == [m["step"] for m in local] == [1, 2]
+    exact = ("reward", "reward_std", "completion_length", "frac_zero_std_groups", "lr") + (("loss",) if beta == 0 else ())
     for r, l in zip(remote, local):
-        for key in ("reward", "reward_std", "completion_length", "frac_zero_std_groups", "loss", "lr"):
+        for key in exact:
             assert r[key] == l[key], (r["step"], key, r[key], l[key])
         assert abs(r["grad_norm"] - l["grad_norm"]) <= UPDATE_BOUND * l["grad_norm"]
     assert remote[0]["reward_std"] > 0  # (a test with all-equal rewards would compare no update)
@@ -160,16 +175,16 @@ def test_grpo_through_tinker_equals_the_local_run(server, remote_run, tmp_path):
     assert relative_difference(update(final, initial), d_local) <= UPDATE_BOUND
 
 
-def test_a_resumed_remote_run_continues_from_the_server_state(server, remote_run, tmp_path):
+def test_a_resumed_remote_run_continues_from_the_server_state(server, remote_runs, tmp_path):
     """One step, stop, resume to two (``trainer.resume=true``: the training client is created from the checkpoint's
     server state with its optimizer): the same rewards and losses as the uninterrupted run exactly (the same rows,
     rollout seeds, sampler weights: the state is saved as float32 safetensors and read back bit for bit), the same
     adapter within UPDATE_BOUND of the update."""
     import prefzoo
 
-    run_dir, initial, (_, final) = remote_run
+    run_dir, initial, (_, final) = remote_runs(0.0)
     resumed = tmp_path / "resumed"
-    words = RUN + ["backend=tinker", f"backend.url={server.url}"]
+    words = RUN + ["objective.beta=0.0", "backend=tinker", f"backend.url={server.url}"]
     prefzoo.train([w for w in words if w != "trainer.max_steps=2"] + ["trainer.max_steps=1"], run_dir=resumed)
     first = json.loads((resumed / "model" / "tinker_checkpoint.json").read_text())["path"]
     assert (resumed / "checkpoints" / "step-000001" / "model" / "tinker_checkpoint.json").is_file()
