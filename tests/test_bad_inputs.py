@@ -247,7 +247,7 @@ CONFIG_CASES = [
     (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9"],
      "rollout.temperature=0.7: the loss needs log-probs at the sampling temperature"),
     (["algo=ppo", "backend=tinker", "backend.url=http://127.0.0.1:9", "rollout.temperature=1"], "algo=ppo needs a value head"),
-    (["algo=dpo", "backend=tinker", "backend.url=http://127.0.0.1:9"], "algo=dpo trains offline"),
+    (["algo=kto", "backend=tinker", "backend.url=http://127.0.0.1:9"], "algo=kto trains offline on unpaired"),
     (["algo=distill", "algo.teacher=HuggingFaceTB/SmolLM2-135M-Instruct", "backend=tinker",
       "backend.url=http://127.0.0.1:9"], "algo=distill trains on the teacher's whole next-token distribution"),
     (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9", "rollout.temperature=1",

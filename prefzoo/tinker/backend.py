@@ -270,6 +270,18 @@ class TinkerSession:
                              prompt_index=torch.arange(n_prompts, device=device).repeat_interleave(num_samples),
                              truncated=~torch.tensor(finished, dtype=torch.bool, device=device))
 
+    def close(self, status: str = "success") -> None:
+        """End the session (``success``, ``errored`` or ``interrupted``): the server frees its models; the states saved
+        stay. Idempotent; a server that is gone already is not an error here."""
+        if self.service is None:
+            return
+        service, self.service = self.service, None
+        try:
+            service.close(status).result(timeout=min(30.0, self.timeout))
+        except Exception as err:  # noqa: BLE001 -- closing must not hide the run's own outcome
+            log.warning("backend=tinker: the session did not close cleanly (%s)", str(err).splitlines()[0] if str(err)
+                        else type(err).__name__)
+
     # ------------------------------------------------------------------------------------------ checkpoints
     def save_state(self) -> str:
         """The server's ``save_state`` (weights and optimizer) under a name of this run; its ``tinker://`` path."""

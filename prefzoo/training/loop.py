@@ -228,18 +228,25 @@ class Trainer:
     def build_remote(self) -> None:
         """``backend=tinker`` (:mod:`prefzoo.tinker.backend`): a training client on the server (from the resumed
         checkpoint's server state, weights and optimizer, when resuming), the policy over it, and the "model" the loop
-        saves (the server's state). The reference pi_ref is the server's base model, as the local LoRA run's free
-        adapter-disabled one (drift metrics; beta > 0). No engine stack here: the server samples."""
+        saves (the server's state); an offline plugin's pairs first, and its precomputed reference log-probs. The
+        reference pi_ref is the server's base model, as the local LoRA run's free adapter-disabled one (drift metrics;
+        beta > 0; DPO's reference). No engine stack here: the server samples."""
         from prefzoo.tinker.backend import connect
         from prefzoo.validation.backend import base_model_name
 
         cfg, start = self.cfg, time.perf_counter()
+        if not self.declaration.online:  # the pairs (built-in ones are built here once, where not shipped or cached)
+            self.prefs, self.data_stats = offline_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
+                                                       self.eval_prompts, self.device, self.declaration.data,
+                                                       self.declaration.loss_tokens)
+            self.algo.check_data(self.data_stats.get("rows", {}))
         resume = self.folder.resume.folder if self.folder.resume is not None else None
         self.remote, self.policy, self.model = connect(
             cfg.backend.url, base_model_name(cfg), cfg.model.lora.r, cfg.trainer.seed, True, self.tokenizer,
             resume_folder=resume, timeout=cfg.backend.timeout)
         self.load_seconds = time.perf_counter() - start
-        self.engine, self.ref_cache, self.train_module = None, None, None
+        self.engine, self.train_module = None, None
+        self.ref_cache = self.precompute_reference(self.policy) if self.declaration.precompute_reference else None
         self.weights_loaded = True  # (a resumed run's weights: the server's state, loaded by connect)
 
     @torch.no_grad()
@@ -466,6 +473,20 @@ class Trainer:
         return json.loads(saved.read_text()) if self.dp.is_main and saved.is_file() else None
 
     def run(self) -> dict:
+        if self.remote is None:
+            return self._run()
+        status = "errored"
+        try:  # backend=tinker: the session ends with the run, so the server frees the run's models
+            summary = self._run()
+            status = "success"
+            return summary
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.remote.close(status)
+
+    def _run(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
         started = time.perf_counter()
         resumed = self.maybe_resume()

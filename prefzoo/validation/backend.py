@@ -7,7 +7,7 @@ their log-probs, and a base model's log-probs (a sampling client on the base wei
 
 * log-probs at another temperature, per-token entropies, full-vocabulary losses (distillation's JSD): all need the
   whole next-token distribution;
-* a value head (PPO's critic), a separate teacher, full fine-tuning (the API trains LoRA adapters), 4-bit weights,
+* a value head (PPO's critic), a separate teacher, offline rows other than pairs (not built yet), full fine-tuning (the API trains LoRA adapters), 4-bit weights,
   vLLM engines, asynchronous rollouts, several processes (the server is the parallelism), multi-turn episodes (not
   built yet), the sampler correction (it reads the full support).
 """
@@ -32,8 +32,9 @@ def _refusals(cfg, declaration, processes: int):
                                   "full-vocabulary loss); a Tinker server returns the target tokens' log-probs only")
     yield d.value_head is not None, (f"algo={algo} needs a value head (a critic beside the policy); a Tinker server "
                                      "trains one LoRA adapter and has none (use algo=grpo, rloo or reinforce_pp)")
-    yield d.trains and not d.online, (f"algo={algo} trains offline on pairs or rows; backend=tinker runs the online "
-                                      "family for now (grpo, rloo, gspo, cispo, reinforce_pp, online_dpo)")
+    yield d.trains and not d.online and d.data != "pairs", (f"algo={algo} trains offline on {d.data}; backend=tinker "
+                                                            "runs the online family and the pairwise losses (dpo, "
+                                                            "simpo, orpo) for now")
     yield not d.trains, f"algo={algo} trains nothing; run it locally (backend=local)"
     yield r.temperature != 1.0, (f"rollout.temperature={r.temperature}: the loss needs log-probs at the sampling "
                                  "temperature and a Tinker server returns them at temperature 1 only; set "
