@@ -200,16 +200,17 @@ def test_dpo_through_tinker_equals_the_local_run(server, tmp_path):
     base sampler) and in this process from the same adapter: the same update within UPDATE_BOUND of its size (measured
     2.3e-6), the loss and DPO's rewards/margins within UPDATE_BOUND of their size (the same kind-3 argument: float32
     forwards summed in other orders; measured equal to the printed digits), and at step 1, where the adapter's B = 0
-    makes pi = pi_ref on both sides, the loss log 2 (Rafailov et al. 2023, eq. 7 at a zero margin) exactly."""
+    makes pi = pi_ref on both sides, the loss log 2 (Rafailov et al. 2023, eq. 7 at a zero margin) exactly. The held-out
+    evaluation after training, sampled on the server, gives the local run's greedy answers."""
     import math
 
     import prefzoo
     from safetensors.torch import load_file
 
     words = ["algo=dpo", "model=tiny", "data=file", f"data.path={Path(__file__).parents[1] / 'fixtures' / 'arithmetic_pairs.jsonl'}",
-             "trainer.max_steps=2", "trainer.batch_size=4", "eval.before=false", "eval.after=false",
-             "trainer.progress=false", "trainer.report_to=[none]", "trainer.device=cpu", "trainer.warmup_steps=0",
-             "trainer.lr=1e-2"]
+             "trainer.max_steps=2", "trainer.batch_size=4", "eval.before=false", "eval.num_problems=4",
+             "eval.pass_k_problems=2", "eval.diversity_prompts=2", "eval.max_new_tokens=8", "trainer.progress=false",
+             "trainer.report_to=[none]", "trainer.device=cpu", "trainer.warmup_steps=0", "trainer.lr=1e-2"]
     before = set(server.initial)
     prefzoo.train(words + ["backend=tinker", f"backend.url={server.url}"], run_dir=tmp_path / "remote")
     (model_id,) = set(server.initial) - before
@@ -225,6 +226,12 @@ def test_dpo_through_tinker_equals_the_local_run(server, tmp_path):
             assert abs(r[key] - l[key]) <= UPDATE_BOUND * abs(l[key]) + 1e-12, (r["step"], key)
     assert local[1]["loss"] < local[0]["loss"]  # (an update that moved the margin)
     assert model_id not in server.server.host.models  # the run closed its session: the server freed its model
+    # the evaluation after training, sampled on the server: the same greedy answers (argmax on both sides) and their
+    # scores, the same held-out preference accuracy; its samples at temperature 1 draw seeds of their own (not compared)
+    remote_eval, local_eval = (json.loads((tmp_path / side / "eval_after.json").read_text()) for side in ("remote", "local"))
+    for key in ("greedy_examples", "task_reward", "task_accuracy", "preference_accuracy", "n_pairs"):
+        assert remote_eval[key] == local_eval[key], key
+    assert "entropy" not in remote_eval  # (the server gives no distribution: no entropy metric)
     done = load_file(str(tmp_path / "local" / "adapter" / "adapter_model.safetensors"))
     assert relative_difference(update(final, initial), update(done, initial)) <= UPDATE_BOUND
 
