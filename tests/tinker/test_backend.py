@@ -276,3 +276,15 @@ def test_a_server_without_the_model_is_refused_in_one_line(server):
     with pytest.raises(ConfigError, match="backend.base_model='smollm2': the server at .* serves tiny"):
         prefzoo.train(["algo=grpo", "model=smollm2", "rollout.temperature=1.0", "backend=tinker",
                        f"backend.url={server.url}"])
+
+
+def test_load_policy_on_a_remote_run_says_where_its_weights_are(remote_runs):
+    """A backend=tinker run folder holds the server state's path, not weights: prefzoo.load_policy says so in one line
+    (before: transformers' "Unrecognized model in .../model")."""
+    import prefzoo
+    from prefzoo.errors import RunFolderError
+
+    run_dir, _, _ = remote_runs(())
+    with pytest.raises(RunFolderError, match=r"trained on a Tinker server \(backend=tinker\): its weights are the "
+                                             r"server's state tinker://"):
+        prefzoo.load_policy(run_dir)
