@@ -101,6 +101,25 @@ def check_server(url: str, base_model: str, timeout: float = 10.0) -> None:
         raise ConfigError(f"backend.base_model={base_model!r}: the server at {url} samples it but does not train it.")
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def wait(future, timeout: float, what: str, url: str):
+    """``future.result(timeout)``; a failure of the server or the connection (after the SDK's own retries) becomes one
+    :class:`~prefzoo.errors.ModelError` line naming the request and the server (the command line adds how to resume).
+
+    Raises:
+        ModelError: the request failed or timed out."""
+    try:
+        return future.result(timeout=timeout)
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001 -- the SDK's and the transport's own kinds
+        raise ModelError(f"backend=tinker: {what} failed on {url} ({_first_line(err)})") from None
+
+
 # ------------------------------------------------------------------------------------------- rows <-> datums
 class _Row:
     """One row of a :class:`SequenceBatch` as the server sees it: its tokens (prompt + completion, no padding), the
@@ -110,6 +129,9 @@ class _Row:
 
     def __init__(self, batch: SequenceBatch, i: int):
         prompt = batch.prompt_ids[i][batch.prompt_mask[i]].tolist()
+        if not prompt:  # (the first completion token would have no context to be scored in)
+            raise ModelError(f"backend=tinker: row {i} has no prompt token; the server scores a token given those "
+                             "before it.")
         held = batch.completion_tokens[i]
         self.columns = torch.nonzero(held, as_tuple=False).flatten().tolist()
         self.tokens = prompt + batch.completion_ids[i][held].tolist()
@@ -164,13 +186,13 @@ class TinkerSession:
         self.service = tinker.ServiceClient(base_url=url, api_key=api_key())
         if resume_path is None:
             # prefzoo's target_modules="all-linear" (peft's: every linear layer but the output layer)
-            self.training = self.service.create_lora_training_client(base_model=base_model, rank=rank, seed=seed,
-                                                                     train_unembed=False).result(timeout=timeout)
+            self.training = wait(self.service.create_lora_training_client(
+                base_model=base_model, rank=rank, seed=seed, train_unembed=False), timeout, "create_lora_training_client", url)
         else:
-            self.training = self.service.create_training_client_from_state_with_optimizer(
-                resume_path).result(timeout=timeout)
-        self.reference = (self.service.create_sampling_client(base_model=base_model).result(timeout=timeout)
-                          if reference else None)
+            self.training = wait(self.service.create_training_client_from_state_with_optimizer(resume_path), timeout,
+                                 f"the resume from {resume_path}", url)
+        self.reference = (wait(self.service.create_sampling_client(base_model=base_model), timeout,
+                               "the base model's sampling client", url) if reference else None)
         self._sampler = None  # the sampling client of the current weights; None: stale (an optimizer step since)
         self.tape: list[tuple[list[_Row], Tensor]] = []  # this optimizer step's (rows, log-prob leaf) of the loss
         self.run_id = uuid.uuid4().hex[:8]
@@ -181,7 +203,7 @@ class TinkerSession:
     def forward_logps(self, batch: SequenceBatch) -> tuple[list[_Row], Tensor]:
         """The rows of ``batch`` and their per-token log pi_theta (temperature 1), Shape (B, T) float32, no grad."""
         rows = _rows(batch)
-        out = self.training.forward([r.datum() for r in rows], "cross_entropy").result(timeout=self.timeout)
+        out = wait(self.training.forward([r.datum() for r in rows], "cross_entropy"), self.timeout, "forward", self.url)
         values = [o["logprobs"].to_torch().flatten().tolist() for o in out.loss_fn_outputs]
         return rows, _per_token(rows, values, batch, 0)
 
@@ -192,7 +214,7 @@ class TinkerSession:
         from tinker import types
 
         futures = [self.reference.compute_logprobs(types.ModelInput.from_ints(r.tokens)) for r in rows]
-        values = [f.result(timeout=self.timeout) for f in futures]
+        values = [wait(f, self.timeout, "compute_logprobs (the reference)", self.url) for f in futures]
         return _per_token(rows, values, batch, 1)
 
     # ----------------------------------------------------------------------------------------------- update
@@ -219,8 +241,8 @@ class TinkerSession:
         fb = self.training.forward_backward(datums, "cross_entropy")
         step = self.training.optim_step(types.AdamParams(learning_rate=lr, beta1=betas[0], beta2=betas[1], eps=eps,
                                                          weight_decay=weight_decay, grad_clip_norm=grad_clip_norm))
-        fb.result(timeout=self.timeout)
-        metrics = step.result(timeout=self.timeout).metrics or {}
+        wait(fb, self.timeout, "forward_backward", self.url)
+        metrics = wait(step, self.timeout, "optim_step", self.url).metrics or {}
         norm = metrics.get("grad_norm:mean", metrics.get("grad_norm"))
         if norm is not None:
             self.grad_norms.append(float(norm))
@@ -231,7 +253,8 @@ class TinkerSession:
     def sampler(self):
         """The sampling client of the current weights (saved for the sampler once after each optimizer step)."""
         if self._sampler is None:
-            self._sampler = self.training.save_weights_and_get_sampling_client().result(timeout=self.timeout)
+            self._sampler = wait(self.training.save_weights_and_get_sampling_client(), self.timeout,
+                                 "save_weights_and_get_sampling_client", self.url)
         return self._sampler
 
     def sample(self, prompts: PromptBatch, num_samples: int, params: SamplingParams, seeds: list[int],
@@ -251,11 +274,12 @@ class TinkerSession:
             futures.append(sampler.sample(types.ModelInput.from_ints(ids), num_samples, sp))
         completions, finished = [], []
         for f in futures:
-            for seq in f.result(timeout=self.timeout).sequences:
+            for seq in wait(f, self.timeout, "sample", self.url).sequences:
                 tokens = list(seq.tokens)
                 end = next((k for k, t in enumerate(tokens) if t in eos_token_ids), None)
                 completions.append(tokens if end is None else tokens[:end + 1])
-                finished.append(end is not None)
+                # (a server that stopped on the EOS without returning it: finished, its EOS not counted)
+                finished.append(end is not None or seq.stop_reason == "stop")
         n_prompts = len(prompts.prompt_ids)
         width = max((len(c) for c in completions), default=0)
         ids = torch.full((len(completions), width), pad_id, dtype=torch.long)
@@ -277,7 +301,7 @@ class TinkerSession:
             return
         service, self.service = self.service, None
         try:
-            service.close(status).result(timeout=min(30.0, self.timeout))
+            service.close(status).result(timeout=min(30.0 if status == "success" else 5.0, self.timeout))
         except Exception as err:  # noqa: BLE001 -- closing must not hide the run's own outcome
             log.warning("backend=tinker: the session did not close cleanly (%s)", str(err).splitlines()[0] if str(err)
                         else type(err).__name__)
@@ -286,7 +310,8 @@ class TinkerSession:
     def save_state(self) -> str:
         """The server's ``save_state`` (weights and optimizer) under a name of this run; its ``tinker://`` path."""
         self.saves += 1
-        return self.training.save_state(f"prefzoo-{self.run_id}-{self.saves:04d}").result(timeout=self.timeout).path
+        name = f"prefzoo-{self.run_id}-{self.saves:04d}"
+        return wait(self.training.save_state(name), self.timeout, f"save_state {name}", self.url).path
 
 
 # ------------------------------------------------------------------------------------------------- the policy
