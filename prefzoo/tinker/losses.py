@@ -11,8 +11,8 @@ three ways, the same for every loss:
   scales its weights or advantages (the cookbook does). prefzoo's plugins reduce with a normaliser
   (:func:`prefzoo.objective.aggregate_loss`);
 * clip thresholds are RATIO bounds (``clip_low_threshold`` = 1 - clip_eps_low, ``clip_high_threshold`` = 1 +
-  clip_eps_high, default 0.8 and 1.2), in ``loss_fn_config``; DRO's ``beta`` likewise (default 0.05, the value of
-  the docs' example; the hosted default is not documented).
+  clip_eps_high, default 0.8 and 1.2; gspo's docs name no default, so it takes these too), in ``loss_fn_config``;
+  DRO's ``beta`` likewise (default 0.05, the value of the docs' example; the hosted default is not documented).
 
 Each function here takes the datum's log-probs ``logps`` Shape (1, N) (with their graph), its inputs (float32 or
 int64 tensors of Shape (N,)) and the config, and returns the per-position loss Shape (1, N) whose sum is the datum's
@@ -29,7 +29,7 @@ import torch
 
 from prefzoo.errors import PrefzooError
 from prefzoo.objective import (clipped_is_weight, clipped_surrogate_loss, dro_loss, importance_sampling_loss,
-                               weighted_policy_gradient_loss)
+                               sequence_log_ratio, weighted_policy_gradient_loss)
 
 __all__ = ["LOSSES", "LossSpec", "LossInputError", "loss_config", "check_inputs"]
 
@@ -78,6 +78,18 @@ def dro(logps: Tensor, inputs: dict[str, Tensor], config: dict[str, float]) -> T
     return loss
 
 
+def gspo(logps: Tensor, inputs: dict[str, Tensor], config: dict[str, float]) -> Tensor:
+    """GSPO-token: -sum_t min(s_t A_t, clip(s_t, low, high) A_t), s_t = sg(s) pi_t / sg(pi_t), with s the geometric
+    mean of the ratios over the positions ``sequence_ratio_mask`` marks (non-zero)."""
+    in_ratio = inputs["sequence_ratio_mask"][None] != 0
+    log_s = sequence_log_ratio(logps, inputs["logprobs"][None], in_ratio).detach()  # (1,)
+    token_log_ratio = log_s[:, None] + logps - logps.detach()  # every position: s's value, its own gradient
+    loss, _ = clipped_surrogate_loss(token_log_ratio, torch.zeros_like(logps), inputs["advantages"][None],
+                                     _all(logps), clip_eps_low=1.0 - config["clip_low_threshold"],
+                                     clip_eps_high=config["clip_high_threshold"] - 1.0)
+    return loss
+
+
 @dataclass(frozen=True)
 class LossSpec:
     """One SDK loss: its function, the ``loss_fn_inputs`` it needs (besides ``target_tokens``), its config keys and
@@ -96,6 +108,7 @@ LOSSES: dict[str, LossSpec] = {
     "ppo": LossSpec(ppo, ("logprobs", "advantages"), _CLIP),
     "cispo": LossSpec(cispo, ("logprobs", "advantages"), _CLIP),
     "dro": LossSpec(dro, ("logprobs", "advantages"), {"beta": 0.05}),
+    "gspo": LossSpec(gspo, ("logprobs", "advantages", "sequence_ratio_mask"), _CLIP),
 }
 
 

@@ -6,7 +6,8 @@ A FastAPI app (served by uvicorn) over one :class:`prefzoo.tinker.host.ModelHost
 * ``client/config``: the flags this server chooses: no JWT exchange (any API key), plain httpx transport (no pyqwest),
   fwd/bwd chunks sent one after another (so requests reach the server in the client's order), no zstd (a zstd body
   is still accepted), custom losses on the client; ``client/dynamic_config``, ``telemetry``, ``healthz``;
-* sessions: ``create_session`` and ``session_heartbeat`` (the SDK beats every 10 s); a session silent for
+* sessions: ``create_session`` and ``session_heartbeat`` (the SDK beats every 10 s; a session id this server never
+  saw, from a client that outlived a restart of the server, is adopted: its checkpoints are on disk); a session silent for
   ``session_timeout`` seconds expires and its models are freed (adapters, gradients, optimizer state, samplers), as is
   a session the client finishes (``sessions/{id}/finish``). A later request of an expired session's model fails with
   one line; its heartbeat gets 410, which stops the SDK's heartbeat loop;
@@ -17,7 +18,7 @@ A FastAPI app (served by uvicorn) over one :class:`prefzoo.tinker.host.ModelHost
   queued on ONE worker thread and answered at once with a future (``request_id``); ``retrieve_future`` waits up to
   :data:`POLL_SECONDS` for it, then answers ``try_again``. A failed request comes back as the SDK's
   ``RequestFailedError`` with a one-line message (``category`` user for a bad request, server otherwise), never a hung
-  future. Results are kept until fetched;
+  future. Results are kept until fetched, or until their session ends;
 * checkpoints: under ``--checkpoint-dir``, ``RUN/weights/NAME`` (adapter + optimizer) and ``RUN/sampler_weights/NAME``
   (adapter), addressed as ``tinker://RUN/weights/NAME``; ``training_runs/RUN/checkpoints`` lists them and
   ``weights_info`` describes one.
@@ -88,6 +89,7 @@ class TinkerServer:
         self.sessions: dict[str, Session] = {}
         self.samplers: dict[str, Sampler] = {}
         self.futures: dict[str, concurrent.futures.Future] = {}
+        self.owners: dict[str, str] = {}  # request id -> the session that made it
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-worker")
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -95,10 +97,13 @@ class TinkerServer:
     # --- bookkeeping ------------------------------------------------------------------------------------------------
 
     def session(self, session_id: str) -> Session:
+        """The live session ``session_id``. One this server has never seen (it restarted under a running client) is
+        adopted as new, so the client goes on (its models are gone; its checkpoints are on disk); HostError for one
+        that ended here."""
         with self.lock:
             session = self.sessions.get(session_id)
-        if session is None:
-            raise HostError(f"unknown session {session_id!r}; create a ServiceClient.")
+            if session is None:
+                session = self.sessions[session_id] = Session(session_id, time.monotonic())
         if session.ended:
             raise HostError(f"session {session_id} has {session.ended}; create a new ServiceClient.")
         return session
@@ -107,11 +112,21 @@ class TinkerServer:
         with self.lock:
             return next((s for s in self.sessions.values() if model_id in s.models), None)
 
-    def submit(self, job: Callable[[], tuple[str, Any]]) -> str:
-        """Queue ``job`` on the worker; its request id."""
+    def submit(self, job: Callable[[], tuple[str, Any]], owner: str) -> str:
+        """Queue ``job`` on the worker for session ``owner`` (a model id's or sampler id's first part); its request
+        id."""
         request_id = str(next(self._ids))
         self.futures[request_id] = self.worker.submit(job)
+        self.owners[request_id] = owner.split(":", 1)[0]
         return request_id
+
+    def drop_results(self, session_id: str) -> None:
+        """Forget the results of an ended session's requests (its client is gone), now or once each is done."""
+        for request_id in [r for r, owner in list(self.owners.items()) if owner == session_id]:
+            future = self.futures.get(request_id)
+            self.owners.pop(request_id, None)
+            if future is not None:
+                future.add_done_callback(lambda _f, r=request_id: self.futures.pop(r, None))
 
     def end_session(self, session: Session, why: str) -> None:
         """Mark ``session`` ended and free its models and samplers (on the worker, after its queued work)."""
@@ -129,6 +144,7 @@ class TinkerServer:
             return "json", {}
 
         self.worker.submit(free)
+        self.drop_results(session.session_id)
 
     def expire(self, now: float | None = None) -> list[str]:
         """End every session silent for longer than ``session_timeout``; their ids."""
@@ -270,13 +286,15 @@ def build_app(server: TinkerServer):
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request):
         body = await request.json()
+        session_id = str(body.get("session_id"))
         with server.lock:
-            session = server.sessions.get(body.get("session_id"))
-            if session is not None and not session.ended:
+            session = server.sessions.get(session_id)
+            if session is None:  # a client of this server before it restarted: adopted (see TinkerServer.session)
+                session = server.sessions[session_id] = Session(session_id, time.monotonic())
+            if not session.ended:
                 session.last_seen = time.monotonic()
-        if session is None or session.ended:
-            why = session.ended if session is not None else "never existed here"
-            return error(410, f"session {body.get('session_id')!r} {why}")
+        if session.ended:
+            return error(410, f"session {session_id!r} has {session.ended}")
         return {"type": "session_heartbeat"}
 
     @app.post("/api/v1/sessions/{session_id}/finish")
@@ -297,8 +315,14 @@ def build_app(server: TinkerServer):
                                "tokenizer_id": host.folder}}
 
     def register(session: Session, model_id: str) -> None:
+        """(On the worker, once the model exists.) Count it as the session's, or, if the session ended meanwhile (it
+        expired while the model was being made), free it at once: no model outlives its session."""
         with server.lock:
-            session.models.add(model_id)
+            if not session.ended:
+                session.models.add(model_id)
+                return
+        host.free(model_id)
+        raise HostError(f"session {session.session_id} has {session.ended}; create a new ServiceClient.")
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request):
@@ -316,7 +340,7 @@ def build_app(server: TinkerServer):
             register(session, model_id)
             return "json", {"type": "create_model", "model_id": model_id}
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request):
@@ -344,7 +368,7 @@ def build_app(server: TinkerServer):
                                                       req["forward_only"])
             return "proto", wire.encode_forward_backward_output(logprobs, metrics)
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request):
@@ -361,7 +385,7 @@ def build_app(server: TinkerServer):
                                       adam.weight_decay, adam.grad_clip_norm)
             return "json", {"metrics": metrics}
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request):
@@ -376,7 +400,7 @@ def build_app(server: TinkerServer):
             host.save(req.model_id, folder, optimizer=True)
             return "json", {"type": "save_weights", "path": path}
 
-        return {"request_id": server.submit(job), "model_id": req.model_id}
+        return {"request_id": server.submit(job, req.model_id), "model_id": req.model_id}
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request):
@@ -397,7 +421,7 @@ def build_app(server: TinkerServer):
             host.load(model_id, folder, optimizer=req.optimizer)
             return "json", {"type": "load_weights", "path": req.path, "model_id": model_id}
 
-        return {"request_id": server.submit(job), "model_id": model_id}
+        return {"request_id": server.submit(job, model_id), "model_id": model_id}
 
     def new_sampler(session_id: str, model_path: str | None, shape, snapshot) -> str:
         sampler_id = f"{session_id}:sample:{uuid.uuid4().hex[:8]}"
@@ -422,7 +446,7 @@ def build_app(server: TinkerServer):
             sampler_id = new_sampler(session_id, None, model.shape, host.adapter_state(req.model_id))
             return "json", {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
 
-        return {"request_id": server.submit(job), "model_id": req.model_id}
+        return {"request_id": server.submit(job, req.model_id), "model_id": req.model_id}
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request):
@@ -480,7 +504,7 @@ def build_app(server: TinkerServer):
             return "proto", wire.encode_sample_response(result.tokens, result.logprobs, result.stop_reasons,
                                                         result.prompt_logprobs)
 
-        return {"request_id": server.submit(job), "sample_sequence_ids": ids}
+        return {"request_id": server.submit(job, sampler.session_id), "sample_sequence_ids": ids}
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request):
@@ -488,7 +512,9 @@ def build_app(server: TinkerServer):
         request_id = str(body.get("request_id"))
         future = server.futures.get(request_id)
         if future is None:
-            return error(404, f"unknown request {request_id!r} (never made here, or its result was fetched)")
+            # 410: the SDK's "promise expired" (a restarted server knows none of the earlier requests)
+            return error(410, f"unknown request {request_id!r} (never made here, its result was fetched, or the server "
+                              "restarted)")
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout=POLL_SECONDS)
         except asyncio.TimeoutError:
@@ -496,6 +522,7 @@ def build_app(server: TinkerServer):
         except Exception:  # the job's own failure, read below
             pass
         server.futures.pop(request_id, None)
+        server.owners.pop(request_id, None)
         err = future.exception()
         if err is not None:
             return _failure(err)
