@@ -18,7 +18,7 @@ A FastAPI app (served by uvicorn) over one :class:`prefzoo.tinker.host.ModelHost
   queued on ONE worker thread and answered at once with a future (``request_id``); ``retrieve_future`` waits up to
   :data:`POLL_SECONDS` for it, then answers ``try_again``. A failed request comes back as the SDK's
   ``RequestFailedError`` with a one-line message (``category`` user for a bad request, server otherwise), never a hung
-  future. Results are kept until fetched, or until their session ends;
+  future. Results are kept until fetched, or until ``session_timeout`` after their session ended;
 * checkpoints: under ``--checkpoint-dir``, ``RUN/weights/NAME`` (adapter + optimizer) and ``RUN/sampler_weights/NAME``
   (adapter), addressed as ``tinker://RUN/weights/NAME``; ``training_runs/RUN/checkpoints`` lists them and
   ``weights_info`` describes one.
@@ -61,6 +61,7 @@ class Session:
     models: set[str] = field(default_factory=set)
     samplers: set[str] = field(default_factory=set)
     ended: str | None = None  # why it ended (expired / finished), None while alive
+    ended_at: float | None = None  # when (time.monotonic())
 
 
 @dataclass
@@ -120,20 +121,24 @@ class TinkerServer:
         self.owners[request_id] = owner.split(":", 1)[0]
         return request_id
 
-    def drop_results(self, session_id: str) -> None:
-        """Forget the results of an ended session's requests (its client is gone), now or once each is done."""
-        for request_id in [r for r, owner in list(self.owners.items()) if owner == session_id]:
+    def drop_results(self, now: float) -> None:
+        """Forget the unfetched results of sessions that ended more than ``session_timeout`` ago (their clients are
+        gone; a client still there has had that long to fetch them, its last failures included)."""
+        with self.lock:
+            gone = {s.session_id for s in self.sessions.values()
+                    if s.ended and s.ended_at is not None and now - s.ended_at > self.session_timeout}
+        for request_id in [r for r, owner in list(self.owners.items()) if owner in gone]:
             future = self.futures.get(request_id)
-            self.owners.pop(request_id, None)
-            if future is not None:
-                future.add_done_callback(lambda _f, r=request_id: self.futures.pop(r, None))
+            if future is None or future.done():
+                self.futures.pop(request_id, None)
+                self.owners.pop(request_id, None)
 
     def end_session(self, session: Session, why: str) -> None:
         """Mark ``session`` ended and free its models and samplers (on the worker, after its queued work)."""
         with self.lock:
             if session.ended:
                 return
-            session.ended = why
+            session.ended, session.ended_at = why, time.monotonic()
             models, samplers = list(session.models), list(session.samplers)
             for sampler_id in samplers:
                 self.samplers.pop(sampler_id, None)
@@ -144,15 +149,16 @@ class TinkerServer:
             return "json", {}
 
         self.worker.submit(free)
-        self.drop_results(session.session_id)
 
     def expire(self, now: float | None = None) -> list[str]:
-        """End every session silent for longer than ``session_timeout``; their ids."""
+        """End every session silent for longer than ``session_timeout`` (and forget the results of sessions long
+        ended); the ids of the sessions ended now."""
         now = time.monotonic() if now is None else now
         with self.lock:
             stale = [s for s in self.sessions.values() if not s.ended and now - s.last_seen > self.session_timeout]
         for session in stale:
             self.end_session(session, f"expired ({self.session_timeout:g} s without a heartbeat)")
+        self.drop_results(now)
         return [s.session_id for s in stale]
 
     # --- checkpoints ------------------------------------------------------------------------------------------------

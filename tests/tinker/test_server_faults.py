@@ -152,11 +152,14 @@ def test_a_silent_session_expires_and_its_model_is_freed(tiny_folder, tmp_path):
         server, host = running.server, running.server.host
         assert tc.model_id in host.models and host.peft is not None
         assert server.expire() == []  # alive: it was just created
+        unfetched = server.submit(lambda: ("json", {}), tc.model_id)  # a result its client never fetches
         session_id = tc.model_id.split(":")[0]
         assert server.expire(now=time.monotonic() + 61) == [session_id]
         server.worker.submit(lambda: None).result()  # the free queued on the worker has run
         assert not host.models and host.peft is None, "the expired session's model was not freed"
-        assert session_id not in server.owners.values()  # its requests' results are forgotten too
+        assert unfetched in server.futures  # kept a while: a client still there may fetch its last results
+        server.expire(now=time.monotonic() + 122)  # one more timeout on: its unfetched results are forgotten too
+        assert unfetched not in server.futures and session_id not in server.owners.values()
         assert not any("lora" in n for n, _ in host.base.named_parameters())
         one_line_failure(tc.forward_backward([ce_datum(TOKENS)], "cross_entropy"), "unknown model", "expired")
         import httpx
