@@ -94,8 +94,9 @@ def check_server(url: str, base_model: str, timeout: float = 10.0) -> None:
                           "is it a Tinker API server?") from None
     names = [m.model_name for m in caps.supported_models if m.model_name]
     if base_model not in names:
-        raise ConfigError(f"backend.base_model={base_model!r}: the server at {url} serves {', '.join(names) or 'no model'}; "
-                          "set backend.base_model to one of them.")
+        served = ", ".join(names) or "no model"
+        raise ConfigError(f"backend.base_model={base_model!r}: the server at {url} serves {served}; set "
+                          "backend.base_model to one of them.")
     model = next(m for m in caps.supported_models if m.model_name == base_model)
     if model.trainable is False:
         raise ConfigError(f"backend.base_model={base_model!r}: the server at {url} samples it but does not train it.")
@@ -186,8 +187,9 @@ class TinkerSession:
         self.service = tinker.ServiceClient(base_url=url, api_key=api_key())
         if resume_path is None:
             # prefzoo's target_modules="all-linear" (peft's: every linear layer but the output layer)
-            self.training = wait(self.service.create_lora_training_client(
-                base_model=base_model, rank=rank, seed=seed, train_unembed=False), timeout, "create_lora_training_client", url)
+            created = self.service.create_lora_training_client(base_model=base_model, rank=rank, seed=seed,
+                                                               train_unembed=False)
+            self.training = wait(created, timeout, "create_lora_training_client", url)
         else:
             self.training = wait(self.service.create_training_client_from_state_with_optimizer(resume_path), timeout,
                                  f"the resume from {resume_path}", url)

@@ -7,7 +7,8 @@ their log-probs, and a base model's log-probs (a sampling client on the base wei
 
 * log-probs at another temperature, per-token entropies, full-vocabulary losses (distillation's JSD): all need the
   whole next-token distribution;
-* a value head (PPO's critic), a separate teacher, offline rows other than pairs (not built yet), full fine-tuning (the API trains LoRA adapters), 4-bit weights,
+* a value head (PPO's critic), a separate teacher, offline rows other than pairs (not built yet), full fine-tuning
+  (the API trains LoRA adapters), 4-bit weights,
   vLLM engines, asynchronous rollouts, several processes (the server is the parallelism), multi-turn episodes (not
   built yet), the sampler correction (it reads the full support).
 """

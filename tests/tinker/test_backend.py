@@ -207,7 +207,8 @@ def test_dpo_through_tinker_equals_the_local_run(server, tmp_path):
     import prefzoo
     from safetensors.torch import load_file
 
-    words = ["algo=dpo", "model=tiny", "data=file", f"data.path={Path(__file__).parents[1] / 'fixtures' / 'arithmetic_pairs.jsonl'}",
+    pairs = Path(__file__).parents[1] / "fixtures" / "arithmetic_pairs.jsonl"
+    words = ["algo=dpo", "model=tiny", "data=file", f"data.path={pairs}",
              "trainer.max_steps=2", "trainer.batch_size=4", "eval.before=false", "eval.num_problems=4",
              "eval.pass_k_problems=2", "eval.diversity_prompts=2", "eval.max_new_tokens=8", "trainer.progress=false",
              "trainer.report_to=[none]", "trainer.device=cpu", "trainer.warmup_steps=0", "trainer.lr=1e-2"]
@@ -228,7 +229,8 @@ def test_dpo_through_tinker_equals_the_local_run(server, tmp_path):
     assert model_id not in server.server.host.models  # the run closed its session: the server freed its model
     # the evaluation after training, sampled on the server: the same greedy answers (argmax on both sides) and their
     # scores, the same held-out preference accuracy; its samples at temperature 1 draw seeds of their own (not compared)
-    remote_eval, local_eval = (json.loads((tmp_path / side / "eval_after.json").read_text()) for side in ("remote", "local"))
+    remote_eval, local_eval = (json.loads((tmp_path / side / "eval_after.json").read_text())
+                               for side in ("remote", "local"))
     for key in ("greedy_examples", "task_reward", "task_accuracy", "preference_accuracy", "n_pairs"):
         assert remote_eval[key] == local_eval[key], key
     assert "entropy" not in remote_eval  # (the server gives no distribution: no entropy metric)
