@@ -298,7 +298,9 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
             raise UserCodeError(describe_error(err)) from None
         sys.exit(2)
     if dp.is_main:
-        print(f"[prefzoo] run folder: {out}  (summary.json, metrics.jsonl, eval_*.json, adapter/)", flush=True)
+        weights = ("model/tinker_checkpoint.json: the server's state" if typed.backend.name == "tinker" else
+                   "adapter/" if typed.model.lora.enabled else "model/")
+        print(f"[prefzoo] run folder: {out}  (summary.json, metrics.jsonl, eval_*.json, {weights})", flush=True)
     del trainer  # the model and its DDP wrapper go before the process group does (DataParallel.close)
     dp.close()
     after = summary.get("eval_after") or {}

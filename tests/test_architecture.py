@@ -45,10 +45,10 @@ ALLOWED: dict[str, set[str]] = {
     # multi-turn environments and tools (issue 28): the shared vocabulary only; the rollout and the loop use them
     # (the built-in ones read answers as the verifier does; the demonstrations are written from the task's problems)
     "environments": BASE | {"objective", "types", "rewards", "data"},
-    "validation": BASE | MIDDLE,  # config's checks of names and paths (reward functions, adapters, metrics)
+    "validation": BASE | MIDDLE | {"tinker"},  # config's checks of names and paths (reward functions, adapters, metrics)
     # models, data, rollout, rewards, evaluation: the shared vocabulary and each other, never algos or the loop
     **{room: BASE | MIDDLE for room in ("models", "data", "rollout", "rewards", "evaluation")},
-    "training": BASE | MIDDLE | {"algos"},
+    "training": BASE | MIDDLE | {"algos", "tinker"},  # backend=tinker: the remote policy and optimizer
     "lab": BASE | MIDDLE | {"algos", "training"},
     "report": BASE | MIDDLE | {"training", "lab"},
     "cli": BASE | MIDDLE | {"algos", "training", "lab", "report"},

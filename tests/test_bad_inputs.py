@@ -239,6 +239,25 @@ CONFIG_CASES = [
     (["algo=sft", "reward=sentiment", "data.demonstrations=true"], "data=sentiment has no known answers to demonstrate"),
     (["algo=sft", "data=file", "data.path=rows.jsonl", "data.demonstrations=true"],
      "data.demonstrations=true applies to the built-in tasks' known answers, not to data.path=rows.jsonl"),
+    # issue 50: backend=tinker refuses what a Tinker server cannot do, before anything loads (port 9: nothing listens)
+    (["algo=grpo", "backend=tinker"], "backend=tinker needs backend.url=http://host:port"),
+    (["algo=grpo", "backend.url=http://127.0.0.1:9"], "backend.url='http://127.0.0.1:9' is set but backend=local"),
+    (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9/api"], "backend.url='http://127.0.0.1:9/api': "
+     "give the server's address without a path"),
+    (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9"],
+     "rollout.temperature=0.7: the loss needs log-probs at the sampling temperature"),
+    (["algo=ppo", "backend=tinker", "backend.url=http://127.0.0.1:9", "rollout.temperature=1"], "algo=ppo needs a value head"),
+    (["algo=kto", "backend=tinker", "backend.url=http://127.0.0.1:9"], "algo=kto trains offline on unpaired"),
+    (["algo=distill", "algo.teacher=HuggingFaceTB/SmolLM2-135M-Instruct", "backend=tinker",
+      "backend.url=http://127.0.0.1:9"], "algo=distill trains on the teacher's whole next-token distribution"),
+    (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9", "rollout.temperature=1",
+      "model.lora.enabled=false"], "model.lora.enabled=false: a Tinker server trains LoRA adapters"),
+    (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9", "rollout.temperature=1",
+      "rollout.asynchronous=true"], "rollout.asynchronous=true: the server samples"),
+    (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9", "rollout.temperature=1",
+      "algo.top_entropy_quantile=0.2"], "loss reads the per-token entropy (algo.top_entropy_quantile < 1)"),
+    (["algo=grpo", "backend=tinker", "backend.url=http://127.0.0.1:9", "rollout.temperature=1"],
+     "backend.url=http://127.0.0.1:9: no server answers there"),
 ]
 
 

@@ -176,6 +176,8 @@ class Declaration:
             a :class:`~prefzoo.types.DistillationPolicy`. None: no teacher.
         draws_prompts: the plugin may draw more prompts within a step (DAPO's dynamic sampling): the loop passes
             ``step.draw_prompts`` (one process, synchronous rollouts; refused otherwise before anything loads).
+        token_entropy: the loss reads the policy's per-token entropy (a high-entropy token mask), so a policy that
+            reports none (``backend=tinker``: the server returns no distribution) is refused before anything loads.
     """
 
     reference: bool
@@ -198,6 +200,7 @@ class Declaration:
     uses_beta: bool = True
     teacher: str | None = None
     draws_prompts: bool = False
+    token_entropy: bool = False
 
     def __post_init__(self) -> None:
         from prefzoo.errors import PluginError

@@ -259,7 +259,7 @@ def online_declaration(algo: Algorithm, progress_keys: tuple[str, ...], group_ba
         aggregation_constant=algo.sampling.max_new_tokens if aggregation == "constant" else None,
         epochs=cfg.epochs, num_minibatches=cfg.num_minibatches, num_samples=cfg.num_samples,
         progress_keys=progress_keys, warnings=warnings, capabilities=capabilities | {"sampler_correction"},
-        draws_prompts=cfg.dynamic_sampling)
+        draws_prompts=cfg.dynamic_sampling, token_entropy=cfg.top_entropy_quantile < 1.0)
 
 
 # ----------------------------------------------------------------------------------------------- the rollout

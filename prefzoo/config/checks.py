@@ -71,7 +71,30 @@ def validate(cfg: Config) -> Config:
     _check_rollout_and_eval(cfg)
     _check_reward(cfg)
     _check_env(cfg)
+    _check_backend(cfg)
     return cfg
+
+
+BACKENDS = ("local", "tinker")
+
+
+def _check_backend(cfg: Config) -> None:
+    """The ``backend`` values (:func:`validate`): its name, ``backend.url`` given (well written) for ``tinker`` and
+    only there, a positive timeout. Whether the server answers, and what the run asks of it, is the pre-flight's
+    (:func:`prefzoo.validation.check_backend`)."""
+    b = cfg.backend
+    _choice("backend.name", b.name, BACKENDS)
+    _positive("backend.timeout", b.timeout)
+    if b.name == "local":
+        for key, value in (("backend.url", b.url), ("backend.base_model", b.base_model)):
+            if value is not None:
+                raise ConfigError(f"{key}={value!r} is set but backend=local trains in this process; set "
+                                  f"backend=tinker (or drop {key}).")
+        return
+    if not b.url:
+        raise ConfigError("backend=tinker needs backend.url=http://host:port, the Tinker API server to train on "
+                          "(`prefzoo serve --api tinker --model tiny` starts one here).")
+    b.url = check_server_url(b.url, "backend.url")
 
 
 def _check_algo_name(cfg: Config) -> None:

@@ -11,7 +11,7 @@ from omegaconf import MISSING
 
 __all__ = ["LoraConfig", "FastPathConfig", "ModelConfig", "PairsConfig", "DataConfig", "RewardConfig",
            "ObjectiveConfig", "VLLMConfig", "CorrectionConfig", "RolloutConfig", "GoldRewardConfig", "OODConfig",
-           "EvalConfig", "EarlyStoppingConfig", "TrainerConfig", "EnvConfig", "Config", "GROUP_SCHEMAS",
+           "EvalConfig", "EarlyStoppingConfig", "TrainerConfig", "EnvConfig", "BackendConfig", "Config", "GROUP_SCHEMAS",
            "resolve_defaults"]
 
 log = logging.getLogger("prefzoo.config")
@@ -292,6 +292,22 @@ class EnvConfig:
 
 
 @dataclass
+class BackendConfig:
+    """Where the policy's weights, forward and backward passes, optimizer and sampler live (:mod:`prefzoo.tinker.backend`).
+
+    ``local`` (the default): this process. ``tinker``: a Tinker API server (hosted Tinker, ``prefzoo serve --api
+    tinker``) through the ``tinker`` SDK: sampling and the optimizer step there, the plugin's loss here on the log-probs
+    it returns. The API key is read from ``TINKER_API_KEY`` (a local server takes any ``tml-`` key), never from the
+    config, so it stays out of the run folder.
+    """
+
+    name: str = "local"  # local | tinker
+    url: Optional[str] = None  # backend=tinker: the server, http(s)://host[:port]
+    base_model: Optional[str] = None  # backend=tinker: the server's name of model.name; None: model.name
+    timeout: float = 600.0  # seconds to wait for one result of the server (a forward, a step, a sampling request)
+
+
+@dataclass
 class Config:
     algo: Any = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -302,10 +318,11 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
 
 
 GROUP_SCHEMAS = {"model": ModelConfig, "data": DataConfig, "reward": RewardConfig,
-                 "objective": ObjectiveConfig, "trainer": TrainerConfig, "env": EnvConfig}
+                 "objective": ObjectiveConfig, "trainer": TrainerConfig, "env": EnvConfig, "backend": BackendConfig}
 
 
 def resolve_defaults(cfg: Config) -> Config:

@@ -181,7 +181,8 @@ class Evaluator:
                 logps, entropy = samples.sample_logps, samples.sample_entropy
             else:
                 logps, entropy = self.policy.logps(samples, with_entropy=True)
-            ent += masked_mean(entropy, mask, dim=-1).tolist()
+            if entropy is not None:  # (None: a policy without the distribution, backend=tinker: no entropy metric)
+                ent += masked_mean(entropy, mask, dim=-1).tolist()
             if has_ref:
                 ref_logps = self.policy.ref_logps(samples)
                 kl1 += sequence_kl(logps, ref_logps, mask, "k1").tolist()

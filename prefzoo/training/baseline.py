@@ -66,6 +66,8 @@ def not_reusable(cfg) -> str | None:
         return "eval.reuse_before=false"
     if cfg.model.adapter_path:
         return "the run starts from model.adapter_path"
+    if cfg.backend.name != "local":
+        return f"backend={cfg.backend.name}: the server samples (another random stream than this machine's)"
     if cfg.data.path:
         return "the held-out prompts come from data.path"
     if cfg.reward.name == "model" or cfg.reward.path:

@@ -36,6 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from prefzoo.errors import CheckpointError
+from prefzoo.tinker.backend import CHECKPOINT_FILE as REMOTE_CHECKPOINT_FILE  # backend=tinker: the server's state
 from prefzoo.training.layout import ADAPTER_DIR, CHECKPOINTS_DIR, MODEL_DIR, RUN_CONFIG_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,8 @@ def check_weights(folder: Path) -> None:
     """Read the header of every weights file of a checkpoint (cheap): a truncated or missing file raises
     :class:`DamagedCheckpoint`."""
     files = sorted((folder / ADAPTER_DIR).glob("*.safetensors")) + sorted((folder / MODEL_DIR).glob("*.safetensors"))
+    if not files and (folder / MODEL_DIR / REMOTE_CHECKPOINT_FILE).is_file():  # backend=tinker: the server's state
+        return
     if not files:
         raise DamagedCheckpoint(f"{folder} has no weights (adapter/ or model/ *.safetensors)")
     for f in files:

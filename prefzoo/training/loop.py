@@ -149,7 +149,12 @@ class Trainer:
         if self.policy.value_model is not None:
             self.params += [p for p in self.policy.value_model.parameters() if p.requires_grad
                             and not any(p is q for q in self.params)]
-        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
+        if self.remote is not None:  # backend=tinker: the schedule here, Adam's moments on the server
+            from prefzoo.tinker.backend import TinkerOptimizer
+
+            self.optimizer = TinkerOptimizer(self.remote, t.lr, t.weight_decay, t.max_grad_norm)
+        else:
+            self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
         self.max_steps = t.max_steps if self.declaration.trains else 0  # best-of-n: no training steps
         self.watch = MetricWatch(self.declaration.warnings, self.max_steps)  # the plugin's warnings (no learning signal)
         self.optimizer_steps = self.max_steps * self.declaration.epochs * self.declaration.num_minibatches
@@ -193,6 +198,10 @@ class Trainer:
         precomputed, data parallelism (the resumed weights loaded first under FSDP), and the policy over all of it."""
         cfg, t = self.cfg, self.cfg.trainer
         self.prefs, self.data_stats = None, {}
+        self.remote = None  # backend=tinker: the session on the server (prefzoo.tinker.backend)
+        if cfg.backend.name == "tinker":
+            self.build_remote()
+            return
         with self.dp.main_process_first():  # the main process builds and caches pairs / converted weights first
             if not self.declaration.online:
                 self.prefs, self.data_stats = offline_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
@@ -215,6 +224,30 @@ class Trainer:
             frozen = [ref.module] if ref is not None and ref.module is not None and ref.module is not self.model else []
             self.train_module = self.dp.wrap(TrainableModules(self.model, parts.value_model), frozen=frozen)
         self.policy = make_policy(cfg, parts, self.engine, self.tokenizer, train_forward=self.train_module)
+
+    def build_remote(self) -> None:
+        """``backend=tinker`` (:mod:`prefzoo.tinker.backend`): a training client on the server (from the resumed
+        checkpoint's server state, weights and optimizer, when resuming), the policy over it, and the "model" the loop
+        saves (the server's state); an offline plugin's pairs first, and its precomputed reference log-probs. The
+        reference pi_ref is the server's base model, as the local LoRA run's free adapter-disabled one (drift metrics;
+        beta > 0; DPO's reference). No engine stack here: the server samples."""
+        from prefzoo.tinker.backend import connect
+        from prefzoo.validation.backend import base_model_name
+
+        cfg, start = self.cfg, time.perf_counter()
+        if not self.declaration.online:  # the pairs (built-in ones are built here once, where not shipped or cached)
+            self.prefs, self.data_stats = offline_data(cfg, self.tokenizer, self.reward_fn, self.train_prompts,
+                                                       self.eval_prompts, self.device, self.declaration.data,
+                                                       self.declaration.loss_tokens)
+            self.algo.check_data(self.data_stats.get("rows", {}))
+        resume = self.folder.resume.folder if self.folder.resume is not None else None
+        self.remote, self.policy, self.model = connect(
+            cfg.backend.url, base_model_name(cfg), cfg.model.lora.r, cfg.trainer.seed, True, self.tokenizer,
+            resume_folder=resume, timeout=cfg.backend.timeout)
+        self.load_seconds = time.perf_counter() - start
+        self.engine, self.train_module = None, None
+        self.ref_cache = self.precompute_reference(self.policy) if self.declaration.precompute_reference else None
+        self.weights_loaded = True  # (a resumed run's weights: the server's state, loaded by connect)
 
     @torch.no_grad()
     def precompute_reference(self, policy) -> dict[int, tuple[float, float]]:
@@ -288,12 +321,19 @@ class Trainer:
                             sync_grads=lambda params: all_reduce_replicated_grads(params, dp.world_size),
                             clip_grad_norm=clip_grad_norm)
         clip = self.cfg.trainer.max_grad_norm
+        if self.remote is not None:  # backend=tinker: the server clips (AdamParams.grad_clip_norm) and measures
+            clip = None
+        elif not clip:
+            clip = float("inf")
         pairs = optimisation_step(  # one permutation of the GLOBAL rows per pass (process 0's, broadcast)
             self.algo, self.policy, batch, self.optimizer, self.scheduler, self.params,
-            self.cfg.trainer.micro_batch_size, max_grad_norm=clip if clip else float("inf"),
+            self.cfg.trainer.micro_batch_size, max_grad_norm=clip,
             permutation=lambda rows: dp.broadcast_object(torch.randperm(rows).tolist()),
             layout=(offset, n_global), parallel=parallel, step=context)
         t2 = time.perf_counter()
+        if self.remote is not None and self.remote.grad_norms:  # backend=tinker: the server's, one per optimizer step
+            pairs["grad_norm"] = [sum(self.remote.grad_norms), float(len(self.remote.grad_norms))]
+            self.remote.grad_norms = []
         out = dict(metrics)  # the rollout's (per-row means over this process's rows)
         if self.scorer is not None:
             out.update(self.scorer.last_metrics)
@@ -433,6 +473,20 @@ class Trainer:
         return json.loads(saved.read_text()) if self.dp.is_main and saved.is_file() else None
 
     def run(self) -> dict:
+        if self.remote is None:
+            return self._run()
+        status = "errored"
+        try:  # backend=tinker: the session ends with the run, so the server frees the run's models
+            summary = self._run()
+            status = "success"
+            return summary
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.remote.close(status)
+
+    def _run(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
         started = time.perf_counter()
         resumed = self.maybe_resume()

@@ -40,7 +40,8 @@ MAY_CHANGE = ("trainer.max_steps", "trainer.resume", "trainer.progress", "traine
               "trainer.num_threads", "trainer.fsdp", "trainer.save_every", "trainer.log_every", "trainer.kl_metric_every",
               "trainer.micro_batch_size",
               "trainer.early_stopping.every", "trainer.early_stopping.patience", "objective.kl_budget",
-              "model.fast.", "model.gradient_checkpointing", "eval.", "algo.preset")
+              "model.fast.", "model.gradient_checkpointing", "eval.", "algo.preset",
+              "backend.url", "backend.timeout")  # (a Tinker server restarted elsewhere with the states: the same run)
 
 
 def _flatten(tree, prefix: str = "") -> dict:

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+
 import logging
 from pathlib import Path
 
@@ -40,6 +42,12 @@ def trained_run_files(run_dir: str | Path, who: str = "prefzoo.load_policy") -> 
         inside = sorted(p.name for p in run_dir.iterdir())[:8]
         raise RunFolderError(f"{who}: {run_dir} holds no adapter/ (the trained LoRA adapter) and no model/ "
                              f"(holds: {', '.join(inside) or 'nothing'}); {fix}.")
+    remote = weights / "tinker_checkpoint.json"  # (prefzoo.tinker.backend.CHECKPOINT_FILE)
+    if remote.is_file() and not any(weights.glob("*.safetensors")):
+        path = json.loads(remote.read_text()).get("path")
+        raise RunFolderError(f"{who}: {run_dir} trained on a Tinker server (backend=tinker): its weights are the "
+                             f"server's state {path}, not in the folder; sample it with the tinker SDK "
+                             "(ServiceClient.create_sampling_client) or continue the run there (trainer.resume=true).")
     if weights.name == ADAPTER_DIR and not (weights / "adapter_config.json").is_file():
         raise RunFolderError(f"{who}: {weights} holds no adapter_config.json (an incomplete adapter); {fix}.")
     unsafe = pickled_adapter(weights) if weights.name == ADAPTER_DIR else None

@@ -94,7 +94,8 @@ class Policy(Protocol):
     def logps(self, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False
               ) -> tuple[Tensor, Tensor | None]:
         """Per-token log pi_theta of the completion tokens (float32, 0 where masked), Shape (B, T), with grad;
-        and the per-token entropy of pi_theta (nats, Shape (B, T), no grad) when ``with_entropy``."""
+        and the per-token entropy of pi_theta (nats, Shape (B, T), no grad) when ``with_entropy`` (None from a policy
+        that has no next-token distribution to give: ``backend=tinker``'s, whose server returns log-probs only)."""
 
     def ref_logps(self, batch: SequenceBatch, temperature: float = 1.0) -> Tensor:
         """Per-token log pi_ref of the completion tokens, Shape (B, T), float32, no grad."""

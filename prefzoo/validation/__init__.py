@@ -15,11 +15,14 @@ in this order:
 * the machine (:mod:`prefzoo.validation.machine`) -- vLLM installed (and the LoRA rank it serves) for
   ``rollout.engine=vllm``; the servers of
   ``rollout.engine=vllm_server`` answer and serve the run's model;
+* the backend (:mod:`prefzoo.validation.backend`) -- ``backend=tinker``: what a Tinker server cannot do, refused;
+  the server answers and serves the run's model;
 * warnings (:mod:`prefzoo.validation.warnings`) -- legal settings that make a run do nothing or cannot apply to it.
 """
 
 from __future__ import annotations
 
+from prefzoo.validation.backend import check_backend, check_backend_server
 from prefzoo.validation.machine import check_engine_installed, check_rollout_servers
 from prefzoo.validation.plugin import (check_batch_size, check_correction_support, check_demonstrations,
                                        check_divergence_support, check_early_stopping_reported, check_environment,
@@ -36,7 +39,8 @@ __all__ = ["check_run", "check_names", "check_annotator", "check_ood_eval", "che
            "check_teacher_fits", "check_batch_size", "check_kl_controller", "check_divergence_support",
            "check_explicit_reward", "check_correction_support", "check_environment", "check_step_rows",
            "has_reference", "check_kl_budget", "check_model_parts", "check_early_stopping_reported", "check_parallel",
-           "check_reward_shaping", "check_demonstrations", "check_engine_installed", "check_rollout_servers",
+           "check_reward_shaping", "check_demonstrations", "check_engine_installed", "check_rollout_servers", "check_backend",
+           "check_backend_server",
            "warn_idle", "warn_ignored"]
 
 
@@ -51,6 +55,7 @@ def check_run(cfg, declaration, processes: int, overrides: list[str] | None = No
         ConfigError (and the checks' other one-line errors): the first problem found.
     """
     d = declaration
+    check_backend(cfg, d, processes)  # backend=tinker: what a Tinker server cannot do, before anything else
     check_batch_size(cfg, d.min_batch_size, processes)  # rows per process and step
     check_model_parts(cfg, d)  # the weights' dtype, the reference mode, the value head's adapter
     check_kl_controller(cfg, d.has("adaptive_beta"))
@@ -69,5 +74,6 @@ def check_run(cfg, declaration, processes: int, overrides: list[str] | None = No
     check_parallel(cfg, d, processes)  # the in-process vLLM engine, the rollout worker, dynamic sampling: one process
     check_engine_installed(cfg)  # rollout.engine=vllm: vLLM here
     check_rollout_servers(cfg)  # rollout.engine=vllm_server: the servers answer and serve the run's model
+    check_backend_server(cfg)  # backend=tinker: the server answers and serves the run's model
     warn_idle(cfg, d.trains, d.uses_beta)
     warn_ignored(cfg, d.online)  # legal settings that cannot apply to this run: one warning each

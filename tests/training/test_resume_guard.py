@@ -308,3 +308,27 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_stops_cleanly(ru
     monkeypatch.undo()
     summary = loop.Trainer(resumed(max_steps=3), run_dir).run()
     assert summary["steps"] == 3
+
+
+def test_a_run_from_before_the_backend_group_resumes_and_the_backend_is_run_defining(tmp_path):
+    """A checkpoint written before ``backend`` existed holds no backend.* key: it resumes as backend=local (the schema's
+    default), and a backend=tinker run cannot resume it (its weights are a local adapter, not a server state); the
+    server's address and timeout may change between a run and its resumption (issue 50)."""
+    from prefzoo.config import Config
+    from prefzoo.training.resume import check_run_config, run_config
+
+    def cfg(**backend):
+        from prefzoo.algos.grpo import GRPOConfig
+
+        c = Config(algo=GRPOConfig(name="grpo"))
+        for k, v in backend.items():
+            setattr(c.backend, k, v)
+        return c
+
+    folder = tmp_path / "checkpoints" / "step-000001"
+    old = {k: v for k, v in run_config(cfg()).items() if not k.startswith("backend.")}
+    check_run_config(cfg(), tmp_path, folder, old)
+    with pytest.raises(ConfigError, match="backend.name: '\\(absent\\)' \\(checkpoint\\) vs 'tinker' \\(now\\)"):
+        check_run_config(cfg(name="tinker", url="http://127.0.0.1:9"), tmp_path, folder, old)
+    remote = run_config(cfg(name="tinker", url="http://127.0.0.1:9"))
+    check_run_config(cfg(name="tinker", url="http://10.0.0.2:8000", timeout=60.0), tmp_path, folder, remote)
