@@ -209,20 +209,34 @@ def test_two_clients_at_once_get_separate_models(tinker_server, tiny_folder, tmp
 
 
 def test_a_model_made_for_a_session_that_expired_meanwhile_is_freed(tiny_folder, tmp_path):
-    """The race: the session expires (timeout 0.05 s) before, while or just after its model is made. The client gets
-    a one-line error and no model is left behind. Before: the model was registered to the
-    ended session after it had been freed, and lived on."""
-    running = start(tiny_folder, tmp_path, session_timeout=0.05)
+    """The race, made deterministic: the session's create_model request waits on the worker (held by a job of the
+    test) while the session expires (``expire`` called with a clock past the timeout: no wall-clock race, so the test
+    holds at any machine load); then the worker runs the creation. The client gets a one-line error and no model is
+    left behind. Before the fix: the model was registered to the ended session after it had been freed, and lived
+    on (``host.models`` kept it)."""
+    import threading
+    import time
+
+    running = start(tiny_folder, tmp_path, session_timeout=60.0)
+    gate = threading.Event()
     try:
         client = tinker.ServiceClient(base_url=running.url, api_key="tml-tests")
-        # at the request (400), from the future, or, when the model was made just in time, at the SDK's get_info (404)
+        running.server.worker.submit(gate.wait)  # the worker is busy until the session has ended
+        queued = len(running.server.futures)
+        pending = client.create_lora_training_client(base_model="tiny", rank=4)
+        deadline = time.monotonic() + WAIT
+        while len(running.server.futures) == queued and time.monotonic() < deadline:
+            time.sleep(0.01)  # the create_model request is queued behind the gate
+        assert len(running.server.futures) > queued
+        assert running.server.expire(now=time.monotonic() + 61.0)
+        gate.set()
         with pytest.raises((tinker.RequestFailedError, tinker.BadRequestError, tinker.NotFoundError)) as info:
-            client.create_lora_training_client(base_model="tiny", rank=4).result(timeout=WAIT)
+            pending.result(timeout=WAIT)
         assert "expired" in str(info.value)
         running.server.worker.submit(lambda: None).result()  # what was queued before has run
         assert not running.server.host.models and running.server.host.peft is None
-        client.close("success").result(timeout=WAIT)
     finally:
+        gate.set()
         running.stop()
 
 
