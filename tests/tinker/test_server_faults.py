@@ -144,7 +144,7 @@ def test_a_silent_session_expires_and_its_model_is_freed(tiny_folder, tmp_path):
     """A client that disappears: its session is silent for longer than the timeout (60 s, as the default; the clock is
     moved on by 61 s in the call the server's reaper makes every few seconds, ``expire(now)``), so it ends: its model is
     freed (the LoRA layers leave the base model), a later request on it fails in one line, its heartbeat gets 410.
-    (test_a_model_made_for_a_session_that_expired_meanwhile_is_freed runs the reaper on a real 0.05 s timeout.)"""
+    (test_a_model_made_for_a_session_that_expired_meanwhile_is_freed: a session that expires while its model is made.)"""
     running = start(tiny_folder, tmp_path, session_timeout=60.0)
     try:
         client = tinker.ServiceClient(base_url=running.url, api_key="tml-tests")
