@@ -575,7 +575,11 @@ def build_app(server: TinkerServer):
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout=POLL_SECONDS)
         except asyncio.TimeoutError:
-            return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+            # still running: HTTP 408 with the queue state, the SDK's quiet "poll again" (it retries at once and logs
+            # nothing; a 200 ``try_again`` body would log a WARNING per poll). ``x-should-retry: false`` keeps the
+            # HTTP layer's own retries (with their backoff) out of it: the future's poll loop retries
+            return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"},
+                                status_code=408, headers={"x-should-retry": "false"})
         except Exception:  # the job's own failure, read below
             pass
         server.futures.pop(request_id, None)

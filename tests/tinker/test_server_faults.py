@@ -273,3 +273,25 @@ def test_a_restarted_server_resumes_from_save_state_with_nothing_lost(tiny_folde
         client.close("success").result(timeout=WAIT)
     finally:
         second.stop()
+
+
+def test_a_request_longer_than_one_poll_is_waited_for_quietly(service_client, tinker_server, monkeypatch, caplog):
+    """A request still running when ``retrieve_future``'s hold ends (``POLL_SECONDS``, here cut to 0.05 s while the
+    worker is held 1 s): the server answers HTTP 408 with the queue state, the SDK polls again at once and the result
+    arrives, with no WARNING in the client's log. Before: a 200 ``try_again`` body, which the SDK logs as a WARNING per
+    poll ("Retrying request ... because of try_again"), dozens in a real-model run's train.log."""
+    import logging
+    import threading
+
+    import prefzoo.tinker.server as server_module
+
+    tc = service_client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result(timeout=WAIT)
+    monkeypatch.setattr(server_module, "POLL_SECONDS", 0.05)
+    gate = threading.Event()
+    tinker_server.server.worker.submit(lambda: gate.wait(1.0))
+    caplog.set_level(logging.INFO, logger="tinker")
+    future = tc.forward([ce_datum(TOKENS)], "cross_entropy")
+    out = future.result(timeout=WAIT)
+    gate.set()
+    assert len(out.loss_fn_outputs) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
