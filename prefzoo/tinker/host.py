@@ -413,11 +413,13 @@ class ModelHost:
                                              pad_id=pad, generator=self.generator, uniforms=uniforms,
                                              kv_cache="dynamic")
             prompt_lps = [None] * len(prompts)
-            if prompt_logprobs:
+            if prompt_logprobs:  # one pass over the prompts, padded on the RIGHT: causal attention, so a prompt's
+                # positions see none of its padding and keep their positions 0..n-1 (left padding would shift them)
+                right, right_mask = pad_rows(prompts, "right", pad)
+                logits = m(input_ids=right, attention_mask=right_mask, use_cache=False).logits
+                lps = token_logps(logits[:, :-1], right[:, 1:])
                 for i, prompt in enumerate(prompts):
-                    one = torch.tensor([prompt], dtype=torch.long)
-                    logits = m(input_ids=one, use_cache=False).logits
-                    prompt_lps[i] = [math.nan] + token_logps(logits[:, :-1], one[:, 1:])[0].tolist()
+                    prompt_lps[i] = [math.nan] + lps[i, :len(prompt) - 1].tolist()
         out = []
         for i in range(len(prompts)):
             tokens, logprobs, reasons = [], [], []

@@ -77,7 +77,7 @@ class Sampler:
 class PendingSample:
     """One ``asample`` request waiting on the worker: what it asks, the batch key it shares with others, its result."""
 
-    key: tuple  # (sampler id(snapshot), shape, num_samples, max_tokens, temperature, top_p, top_k, stop, seeded)
+    key: tuple  # (id(snapshot), shape, num_samples, max_tokens, temperature, top_p, top_k, stop, seeded, prompt lps)
     sampler: "Sampler"
     prompt: list[int]
     seed: int | None
@@ -115,17 +115,16 @@ class TinkerServer:
 
     def sample_batched(self, entry: PendingSample, prompt_logprobs: bool) -> Any:
         """``entry``'s samples, run on the worker. Requests that wait with the same settings (the same sampler
-        weights, num_samples, max_tokens, temperature, top-p, top-k, stop, seeded or not) and no prompt log-probs are
-        sampled in ONE batch with it (:meth:`ModelHost.sample_many`); their own jobs then find their result ready."""
+        weights, num_samples, max_tokens, temperature, top-p, top-k, stop, seeded or not, prompt log-probs or not;
+        ``compute_logprobs`` is a request with prompt log-probs) are sampled in ONE batch with it (:meth:`ModelHost.sample_many`); their own jobs then find their result ready."""
         if entry.result is None and entry.error is None:
-            if not prompt_logprobs:
-                time.sleep(SAMPLE_GATHER_SECONDS)
+            time.sleep(SAMPLE_GATHER_SECONDS)
             with self.lock:
-                group = [entry] if prompt_logprobs else [e for e in self.pending_samples if e.key == entry.key]
+                group = [e for e in self.pending_samples if e.key == entry.key]
                 for e in group:
                     if e in self.pending_samples:
                         self.pending_samples.remove(e)
-            (_, shape, n, max_tokens, temperature, top_p, top_k, stop, _) = entry.key
+            (_, shape, n, max_tokens, temperature, top_p, top_k, stop, _, _) = entry.key
             try:
                 results = self.host.sample_many(entry.sampler.shape, entry.sampler.snapshot, [e.prompt for e in group],
                                                 n, max_tokens, temperature, top_p, top_k,
@@ -548,7 +547,8 @@ def build_app(server: TinkerServer):
 
         host.check_sample(prompt, req.num_samples, max_tokens)
         entry = PendingSample((id(sampler.snapshot), sampler.shape, req.num_samples, max_tokens, sp.temperature,
-                               sp.top_p, sp.top_k, tuple(stop) if stop is not None else None, sp.seed is not None),
+                               sp.top_p, sp.top_k, tuple(stop) if stop is not None else None, sp.seed is not None,
+                               bool(req.prompt_logprobs)),
                               sampler, prompt, sp.seed)
         with server.lock:
             server.pending_samples.append(entry)

@@ -142,3 +142,31 @@ def test_requests_sent_at_once_are_sampled_as_one_batch_with_each_ones_own_token
             assert sa.tokens == sb.tokens
             la, lb = torch.tensor(sa.logprobs), torch.tensor(sb.logprobs)
             assert (la - lb).abs().le(2 * gamma(vocab) * (1 + la.abs())).all()
+
+
+def test_prompt_logprob_requests_sent_at_once_are_one_batch_and_each_gets_its_own(service_client, tinker_server,
+                                                                                 monkeypatch):
+    """``compute_logprobs`` (backend=tinker's reference pass sends one per row, all at once) and sample requests with
+    prompt log-probs are batched too (one forward over the prompts, right-padded), never mixed with requests that did
+    not ask for them: each gets its own prompt's log-probs, equal to its request alone within the bound above
+    (2 gamma_V (1 + |lp|): the same log-softmax, the padded batch's matmuls summing in another order at most). Before:
+    one request at a time; and a request asking for prompt log-probs that joined a batch without them lost them."""
+    tc = service_client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompts = [PROMPT, PROMPT[:5], PROMPT[2:], [1, 504, 2682]]
+    alone = [sampler.compute_logprobs(types.ModelInput.from_ints(p)).result() for p in prompts]
+    calls = []
+    real = tinker_server.server.host.sample_many
+    monkeypatch.setattr(tinker_server.server.host, "sample_many",
+                        lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    params = types.SamplingParams(max_tokens=1)
+    plain = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, params)  # same settings, no prompt log-probs
+    futures = [sampler.compute_logprobs(types.ModelInput.from_ints(p)) for p in prompts]
+    together = [f.result() for f in futures]
+    assert plain.result().prompt_logprobs is None
+    assert sum(calls) == len(prompts) + 1 and len(calls) < len(prompts) + 1, calls
+    vocab = 49152
+    for p, a, b in zip(prompts, alone, together):
+        assert a[0] is None and b[0] is None and len(b) == len(p)
+        la, lb = torch.tensor(a[1:]), torch.tensor(b[1:])
+        assert (la - lb).abs().le(2 * gamma(vocab) * (1 + la.abs())).all()
