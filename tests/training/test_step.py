@@ -48,6 +48,7 @@ def _bare_trainer(algo, policy, align_orders: bool = True):
 
     tr = object.__new__(Trainer)
     tr.algo, tr.policy, tr.dp, tr.train_module, tr.scorer = algo, policy, DataParallel(), None, None
+    tr.remote = None  # backend=local (backend=tinker: the server session, prefzoo.tinker.backend)
     tr.declaration = algo.declaration
     tr.params = [p for p in policy.parameters() if p.requires_grad]
     tr.optimizer = torch.optim.Adam(tr.params, lr=LR, betas=(0.9, 0.999))
