@@ -200,6 +200,10 @@ def _module_exists(module: str) -> bool:
 
 def _serve_tinker(args: argparse.Namespace) -> int:
     """``--api tinker``: build the model folder, then serve the Tinker API on it in this process until interrupted."""
+    missing = [m for m in ("tinker", "fastapi", "uvicorn") if not _module_exists(m)]
+    if missing:
+        raise PrefzooError(f"--api tinker needs the tinker extra ({', '.join(missing)} not installed): "
+                           "pip install 'prefzoo[tinker]'")
     from prefzoo.tinker.local import make_server, serve_forever
 
     folder = model_folder(args.model, seed=args.seed, tiny_hidden_size=args.tiny_hidden_size,

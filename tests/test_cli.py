@@ -242,3 +242,29 @@ def test_prefzoo_serve_prints_the_vllm_command_with_what_the_trainer_relies_on(c
                  "--logprobs-mode processed_logprobs", "--port 8123", "served/tiny-h128-l2-s3"):
         assert part in out, part
     assert out.endswith("--enforce-eager")
+
+
+def test_the_tinker_api_without_its_extra_is_one_line(monkeypatch, capsys):
+    """Where prefzoo was installed without the tinker extra: `prefzoo serve --api tinker` and `backend=tinker` each say
+    in one line what is missing and how to install it, before any model is built (before: an ImportError's traceback
+    from inside the server's module or the backend's)."""
+    import importlib.util
+
+    from types import SimpleNamespace
+
+    from prefzoo.config.schema import BackendConfig
+    from prefzoo.errors import ConfigError
+    from prefzoo.serve import main
+    from prefzoo.validation.backend import check_backend_server
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("tinker", "fastapi", "uvicorn") else real(name, *a))
+    assert main(["--api", "tinker", "--model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("prefzoo serve: error: --api tinker needs the tinker extra (tinker, fastapi, uvicorn not installed): "
+                   "pip install 'prefzoo[tinker]'\n")
+    cfg = SimpleNamespace(backend=BackendConfig(name="tinker", url="http://127.0.0.1:9"))
+    with pytest.raises(ConfigError, match=r"^backend=tinker talks to the server through the tinker SDK, which is not "
+                                          r"installed: pip install 'prefzoo\[tinker\]'$"):
+        check_backend_server(cfg)

@@ -83,9 +83,15 @@ def check_backend_server(cfg) -> None:
     (:func:`prefzoo.tinker.backend.check_server`); nothing for ``backend=local``.
 
     Raises:
-        ConfigError: no server at ``backend.url``, not a Tinker server, or another model."""
+        ConfigError: the tinker SDK not installed, no server at ``backend.url``, not a Tinker server, or another
+            model."""
     if cfg.backend.name != "tinker":
         return
+    import importlib.util
+
+    if importlib.util.find_spec("tinker") is None:
+        raise ConfigError("backend=tinker talks to the server through the tinker SDK, which is not installed: "
+                          "pip install 'prefzoo[tinker]'")
     from prefzoo.tinker.backend import check_server
 
     check_server(cfg.backend.url, base_model_name(cfg), timeout=min(10.0, cfg.backend.timeout))
