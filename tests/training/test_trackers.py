@@ -285,12 +285,13 @@ def test_offline_defaults_are_set_only_where_the_user_set_nothing():
 
 
 def test_the_test_environment_installs_the_trackers():
-    """pyproject.toml's ``test`` extra (what ``make test`` installs: ``pip install -e '.[test]'``) holds every package
-    of the ``trackers`` extra, so the trackio and W&B tests run instead of being skipped."""
+    """pyproject.toml's ``test`` extra (what ``make test`` installs: ``pip install -e '.[test,tinker]'``) holds every
+    package of the ``trackers`` extra, so the trackio and W&B tests run instead of being skipped (and the ``tinker``
+    extra comes with it: tests/tinker runs the SDK against the server)."""
     import tomllib
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(extras["trackers"]) <= set(extras["test"])
-    assert '-e ".[test]"' in (root / "Makefile").read_text()
+    assert '-e ".[test,tinker]"' in (root / "Makefile").read_text()
