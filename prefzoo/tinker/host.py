@@ -15,7 +15,7 @@ LoRA weights, gradients or optimizer. Every method runs on the server's single w
   decay; ``grad_clip_norm`` > 0 clips the global norm first), then the gradients are zeroed.
 * ``save`` / ``load``: the adapter as peft writes it (``adapter_config.json`` + ``adapter_model.safetensors``, loadable
   with ``PeftModel.from_pretrained``), and with the optimizer, ``optimizer.pt`` (AdamW's state) beside it.
-* ``sample``: prefzoo's hf rollout engine (:func:`prefzoo.rollout.generate.sample_completions`) on a snapshot of an
+* ``sample_many``: several requests' prompts in one batch of prefzoo's hf rollout engine (:func:`prefzoo.rollout.generate.sample_completions`) on a snapshot of an
   adapter (or the base model), loaded into a sampler adapter of the same shape.
 """
 
@@ -368,16 +368,6 @@ class ModelHost:
                             "longest sequence the model takes.")
         if num_samples < 1 or max_tokens < 1:
             raise HostError(f"num_samples {num_samples}, max_tokens {max_tokens}: both must be >= 1.")
-
-    def sample(self, shape: LoraShape | None, snapshot: dict[str, torch.Tensor] | None, prompt: list[int],
-               num_samples: int, max_tokens: int, temperature: float, top_p: float, top_k: int,
-               stop: list[int] | list[str] | None, seed: int | None, prompt_logprobs: bool) -> SampleResult:
-        """``num_samples`` completions of ``prompt`` with prefzoo's hf engine (tokens, their log-probs under the
-        distribution they were drawn from, why each stopped), and the prompt's log-probs if asked: one request of
-        :meth:`sample_many`."""
-        self.check_sample(prompt, num_samples, max_tokens)
-        return self.sample_many(shape, snapshot, [prompt], num_samples, max_tokens, temperature, top_p, top_k, stop,
-                                [seed], prompt_logprobs)[0]
 
     def sample_many(self, shape: LoraShape | None, snapshot: dict[str, torch.Tensor] | None,
                     prompts: list[list[int]], num_samples: int, max_tokens: int, temperature: float, top_p: float,

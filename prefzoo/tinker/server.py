@@ -124,7 +124,7 @@ class TinkerServer:
                 for e in group:
                     if e in self.pending_samples:
                         self.pending_samples.remove(e)
-            (_, shape, n, max_tokens, temperature, top_p, top_k, stop, _, _) = entry.key
+            (_, _, n, max_tokens, temperature, top_p, top_k, stop, _, _) = entry.key
             try:
                 results = self.host.sample_many(entry.sampler.shape, entry.sampler.snapshot, [e.prompt for e in group],
                                                 n, max_tokens, temperature, top_p, top_k,
