@@ -15,8 +15,9 @@ LoRA weights, gradients or optimizer. Every method runs on the server's single w
   decay; ``grad_clip_norm`` > 0 clips the global norm first), then the gradients are zeroed.
 * ``save`` / ``load``: the adapter as peft writes it (``adapter_config.json`` + ``adapter_model.safetensors``, loadable
   with ``PeftModel.from_pretrained``), and with the optimizer, ``optimizer.pt`` (AdamW's state) beside it.
-* ``sample_many``: several requests' prompts in one batch of prefzoo's hf rollout engine (:func:`prefzoo.rollout.generate.sample_completions`) on a snapshot of an
-  adapter (or the base model), loaded into a sampler adapter of the same shape.
+* ``sample_many``: several requests' prompts in one batch of prefzoo's hf rollout engine
+  (:func:`prefzoo.rollout.generate.sample_completions`) on a snapshot of an adapter (or the base model), loaded into a
+  sampler adapter of the same shape.
 """
 
 from __future__ import annotations
