@@ -179,6 +179,16 @@ class CausalLMPolicy:
                             "soft-capping); using the plain log-prob path.", type(module).__name__)
         return parts if self._fused_ok[key] else None
 
+    def head_matmul_dtype(self, head: nn.Linear) -> torch.dtype | None:
+        """The dtype of the fused output layer's matmuls: ``compute_dtype`` when it is bf16/fp16 (autocast), else the
+        output layer's own dtype when bf16/fp16 (``model.dtype=bfloat16``), else None (float32). The log-probs stay
+        float32 either way (:func:`prefzoo.objective.linear_token_logps`, ``matmul_dtype``: logits relative to the
+        label's, within a derived bound of float32 logits)."""
+        low = (torch.bfloat16, torch.float16)
+        if self.compute_dtype in low:
+            return self.compute_dtype
+        return head.weight.dtype if head.weight.dtype in low else None
+
     def _states(self, body: nn.Module, batch: SequenceBatch) -> Tensor:
         """The body's final hidden states at the counted positions (those predicting completion tokens), (N, d)."""
         with self.autocast():
@@ -194,7 +204,7 @@ class CausalLMPolicy:
         states = self._states(body, batch) if states is None else states
         chunk = self.head_chunk_size or max(1, int(mask.sum()))
         logps, entropy = linear_token_logps(states, head.weight, batch.completion_ids[mask], head.bias,
-                                            temperature, chunk, with_entropy)
+                                            temperature, chunk, with_entropy, self.head_matmul_dtype(head))
         full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         out = full.masked_scatter(mask, logps)
         return out, (full.masked_scatter(mask, entropy) if with_entropy else None)

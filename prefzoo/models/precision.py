@@ -17,10 +17,14 @@ CUDA alike:
   float32 in peft's. Full fine-tuning over bf16 weights would train bf16 weights: refused
   (:func:`check_weight_dtype`), use autocast there.
 
-In both, log-probs, log-ratios, KL estimates, values and losses are float32 (DESIGN.md): the output layer's
-logits are computed in float32 (:func:`prefzoo.objective.linear_token_logps` upcasts bf16 hidden states and
-weights; the plain path's :func:`prefzoo.objective.token_logps` upcasts bf16 logits chunk by chunk), the value head
-is a float32 layer on upcast hidden states. The reference is the same bf16 base (the adapter switched off, or a
+In both, log-probs, log-ratios, KL estimates, values and losses are float32 (DESIGN.md). The fused output layer's
+matmuls run in bf16 too (:meth:`prefzoo.models.policy.CausalLMPolicy.head_matmul_dtype`; left in float32 they were
+about half a bf16 step's matmul time on bf16 hardware, ``bench/profile_bf16.py``), with the logits taken relative to
+each label's logit inside the matmul's float32 accumulation and the log-softmax in float32
+(:func:`prefzoo.objective.linear_token_logps`, ``matmul_dtype``: within a derived bound of float32 logits, and
+about 30x closer to them than plain bf16 logits for sampled tokens); the plain path's
+:func:`prefzoo.objective.token_logps` upcasts the model's bf16 logits chunk by chunk; the value head is a float32
+layer on upcast hidden states. The reference is the same bf16 base (the adapter switched off, or a
 frozen copy of the starting model), so pi_ref and the starting policy give the very same log-probs.
 
 What stays as it was: 4-bit weights (``model.quantization=4bit``, QLoRA): bitsandbytes' nf4 storage with

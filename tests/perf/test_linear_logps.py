@@ -171,3 +171,134 @@ def test_bad_input_raises_a_typed_error(bad):
     kwargs = dict(hidden=h, weight=w, labels=y, bias=b) | bad
     with pytest.raises(ObjectiveError):
         linear_token_logps(**kwargs)
+
+
+# ------------------------------------------------------------------ matmul_dtype: the output layer in bf16 / fp16
+LOW_U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}  # unit roundoff: 8 and 11 significant bits
+
+
+def low_precision_bounds(h, w, y, t, upstream, u):
+    """Bounds on ``linear_token_logps(h, w, y, temperature=t, matmul_dtype=...)`` against the exact (float64) values,
+    for inputs h (N, D) and w (V, D) exactly representable in the matmul dtype, whose unit roundoff is ``u``
+    (:mod:`prefzoo.objective.linear_logps`' docstring describes the computation). Returns (log-probs (N,), entropies
+    (N,), gradient of h (N, D) for the upstream gradient ``upstream``). Kind 2 with one low-precision rounding per
+    output: every term below is derived, none measured. u32 = 2^-24, gamma_k = k u32 / (1 - k u32).
+
+    Per position, with the exact logits z = h W^T, S_v = sum_k |h_k W_vk|, x = (z - c) / t, p = softmax(x):
+    * the label logit z_y in float32 (D exact products: bf16 x bf16 and fp16 x fp16 fit float32): off by
+      a = gamma_D S_y; the offset c = z_y rounded to the dtype, |c - z_y| <= u |z_y| + a. log p_y does not depend on
+      c exactly (it cancels), so only the rounding of what is computed with it counts:
+    * each shifted logit z_v - c: D + 1 exact terms summed in float32 (gamma_{D+1} (S_v + |c|)), then rounded once to
+      the dtype (u |z_v - c|, plus u times the sum's error), then divided by t (u32): delta_v <= ((1 + u) gamma_{D+1}
+      (S_v + |c|) + u |z_v - c|) / t + u32 |x_v|;
+    * logsumexp of the computed x: by its convexity |LSE(x + delta) - LSE(x)| <= exp(2 max delta) sum_v p_v delta_v
+      (= L), and float32's own rounding of it (float32_bounds: gamma_{V+2} + u32 (5 max|x| + 4 ln V)); the label term
+      (z_y - c) / t: a / t + 2 u32 |z_y - c| / t; the difference: u32 |log p_y|.
+    * the entropy: with eps_v = log p'_v - log p_v, |eps_v| <= delta_v + L + the float32 log-softmax error f,
+      H' - H = -sum_v (p'_v - p_v) log p_v - sum_v p'_v eps_v, |p'_v - p_v| <= p_v (exp|eps_v| - 1); plus the float32
+      sum's (1 + H) f + gamma_{V+2} H.
+    * the gradient of h, g_i (onehot - p') W / t: each entry of d = onehot - p' is off by p_v (exp(|eps_v| + 2 u32) - 1)
+      (+ u32 for the label's 1 - p_y), rounded to the dtype (u |d_v|); the V products with W are exact and summed
+      in float32 (gamma_V sum_v |d_v| |W_vj|); the result is rounded once to the dtype (u |G_ij|), divided by t and
+      scaled by g (2 u32), and rounded to h's dtype (u); a factor (1 + 4 u) covers the products of these terms.
+    """
+    h64, w64 = h.detach().double(), w.double()
+    (n, d), v = h.shape, w.shape[0]
+    z = h64 @ w64.T
+    s = h64.abs() @ w64.abs().T
+    z_y = z.gather(-1, y[:, None])[:, 0]
+    s_y = s.gather(-1, y[:, None])[:, 0]
+    a = gamma(d) * s_y
+    c = z_y.abs() * u + a  # |c - z_y|, and |c| <= |z_y| + this
+    c_abs = z_y.abs() + c
+    shifted = (z - z_y[:, None]).abs() + c[:, None]  # >= |z_v - c|
+    x = (z - z_y[:, None]) / t
+    delta = ((1 + u) * gamma(d + 1) * (s + c_abs[:, None]) + u * shifted) / t + U32 * (shifted / t)
+    logp = torch.log_softmax(z / t, -1)
+    p = logp.exp()
+    big = float(delta.max())
+    lse = math.exp(2 * big) * (p * delta).sum(-1)
+    xmax = (shifted / t).amax(-1)
+    f = gamma(v + 2) + U32 * (5 * xmax + 4 * math.log(v))
+    logp_y = logp.gather(-1, y[:, None])[:, 0]
+    logp_bound = a / t + 2 * U32 * c / t + lse + f + U32 * logp_y.abs()
+    eps = delta + (lse + f)[:, None]
+    entropy = -(p * logp).sum(-1)
+    entropy_bound = ((p * torch.expm1(eps) * logp.abs()).sum(-1) + (p * torch.exp(eps) * eps).sum(-1)
+                     + (1 + entropy) * f + gamma(v + 2) * entropy)
+    onehot = torch.zeros_like(p).scatter_(-1, y[:, None], 1.0)
+    dd = onehot - p
+    d_err = p * torch.expm1(eps + 2 * U32) + U32 * onehot
+    exact = dd @ w64 / t
+    g = upstream.double().abs()[:, None]
+    grad_bound = (1 + 4 * u) * g * (((d_err * (1 + u) + (u + gamma(v)) * dd.abs()) @ w64.abs()) / t
+                                    + (2 * u + 2 * U32) * exact.abs())
+    del x
+    return logp_bound, entropy_bound, grad_bound
+
+
+def low_inputs(dtype, labels="sampled", seed=0):
+    """The module's inputs (|z| up to ~70) rounded to ``dtype``; labels drawn from the model's own softmax (as a
+    sampled completion's are) or uniformly (unlikely tokens: log-probs near -80)."""
+    h, w, _, y, up = inputs(torch.float32, seed=seed)
+    h, w = h.detach().to(dtype).requires_grad_(True), w.to(dtype)
+    if labels == "sampled":
+        g = torch.Generator().manual_seed(seed + 1)
+        y = torch.multinomial(torch.softmax(h.detach().double() @ w.double().T, -1), 1, generator=g)[:, 0]
+    return h, w, y, up
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("labels", ["sampled", "uniform"])
+@pytest.mark.parametrize("chunk", [5, 256])
+def test_low_precision_matmuls_stay_within_the_derived_bound_of_the_exact_values(dtype, temperature, labels, chunk):
+    """``matmul_dtype``: log-probs, entropies and the gradient of h within :func:`low_precision_bounds` of the
+    float64 computation on the same (exactly representable) numbers; and plain bf16 logits (TRL's bf16=True: the
+    logits rounded to bf16, then log-softmax in float32) fall outside the log-prob bound, so the test can fail."""
+    h, w, y, up = low_inputs(dtype, labels)
+    logps, entropy = linear_token_logps(h, w, y, temperature=temperature, chunk_size=chunk, with_entropy=True,
+                                        matmul_dtype=dtype)
+    assert logps.dtype == torch.float32 and entropy.dtype == torch.float32
+    logp_bound, entropy_bound, grad_bound = low_precision_bounds(h, w, y, temperature, up, LOW_U[dtype])
+    want, want_entropy = plain64(h.double(), w.double(), torch.zeros(V, dtype=torch.float64), y, temperature)
+    assert_within(logps, want, logp_bound)
+    assert_within(entropy, want_entropy, entropy_bound)
+    (got,) = torch.autograd.grad((logps.double() * up.double()).sum(), [h])
+    h64 = h.detach().double().requires_grad_(True)
+    (ref,) = torch.autograd.grad((plain64(h64, w.double(), torch.zeros(V, dtype=torch.float64), y, temperature)[0]
+                                  * up.double()).sum(), [h64])
+    assert got.dtype == dtype
+    assert_within(got, ref, grad_bound)
+    if dtype == torch.bfloat16 and labels == "sampled":
+        plain = token_logps(((h.detach() @ w.T).float() / temperature)[None], y[None])[0]
+        assert not bool(((plain.double() - want).abs() <= logp_bound).all())
+
+
+@pytest.mark.numerics
+def test_low_precision_reference_pass_equals_the_trained_pass_and_the_cached_weight_follows_changes():
+    """The same inputs give the same log-probs with and without autograd and under inference_mode (pi_ref and the
+    starting policy must agree exactly); the weight's low-precision copy is rebuilt after an in-place change."""
+    h, w, y, _ = low_inputs(torch.bfloat16)
+    trained, _ = linear_token_logps(h, w, y, matmul_dtype=torch.bfloat16)
+    with torch.inference_mode():
+        frozen, _ = linear_token_logps(h.detach(), w, y, matmul_dtype=torch.bfloat16)
+    assert torch.equal(trained.detach(), frozen.clone())
+    with torch.no_grad():
+        w.mul_(2)
+    doubled, _ = linear_token_logps(h.detach(), w, y, matmul_dtype=torch.bfloat16)
+    want, _ = plain64(h.double(), w.double(), torch.zeros(V, dtype=torch.float64), y, 1.0)
+    assert_within(doubled, want, low_precision_bounds(h, w, y, 1.0, torch.ones(N), LOW_U[torch.bfloat16])[0])
+
+
+@pytest.mark.numerics
+def test_low_precision_falls_back_to_float32_where_the_output_layer_trains_or_has_a_bias():
+    """A trained weight, or a bias: the float32 computation (equal to matmul_dtype=None's, bit for bit)."""
+    h, w, b, y, _ = inputs(torch.float32, weight_grad=True)
+    for kwargs in (dict(bias=None), dict(bias=b.detach())):
+        low, _ = linear_token_logps(h, w, y, matmul_dtype=torch.bfloat16, **kwargs)
+        plain, _ = linear_token_logps(h, w, y, **kwargs)
+        assert torch.equal(low, plain)
+    with pytest.raises(ObjectiveError, match="matmul_dtype"):
+        linear_token_logps(h, w, y, matmul_dtype=torch.float64)
