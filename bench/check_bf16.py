@@ -15,8 +15,8 @@ base weights in bf16, LoRA float32) -- against the float32 run on the same weigh
 * LoRA gradients: ||g - g_fp32|| / ||g_fp32||.
 
 The theory's standard deviations (bf16's unit roundoff u = 2^-8 over M roundings, u sqrt(M / 3); about 19 roundings
-per decoder layer) are printed beside them: for SmolLM2's 30 layers sigma_f = u sqrt(573 / 3) = 5.4e-2 for the
-first three, sigma_g = u sqrt(1146 / 3) = 7.6e-2 for the gradients. Rows: 2 of the benchmarks' preference pairs
+per decoder layer) are printed beside them: for SmolLM2's 30 layers sigma_f = u sqrt(574 / 3) = 5.4e-2 for the
+first three, sigma_g = u sqrt(1148 / 3) = 7.6e-2 for the gradients. Rows: 2 of the benchmarks' preference pairs
 (prompts ~100 tokens, completions ~118); DPO on them; GRPO (beta 0.04, k3 as a loss) on their 4 completions as 2
 groups of 2 with advantages +1/-1. The LoRA matrices are drawn from a fixed seed (A ~ N(0, 1/in), B ~ N(0, b^2),
 ``--lora-b-std``), the same in every run, so the policy differs from its reference (log-ratios of order 0.1-1
@@ -179,7 +179,7 @@ def main() -> int:
     for algo_name in args.algos:
         fp32 = one_step(algo_name, "fp32", args)
         n_layers = fp32["built"].model.config.num_hidden_layers
-        m_f = LAYER_ROUNDINGS * n_layers + 3
+        m_f = LAYER_ROUNDINGS * n_layers + 4  # + the final norm, the output layer's input, weight and output
         sigma_f, sigma_g = U * math.sqrt(m_f / 3), U * math.sqrt(2 * m_f / 3)
         spread = logit_spread(fp32["built"], fp32["rows"])
         print(f"{algo_name}: fp32 loss {fp32['loss']:.6f} ({fp32['seconds']:.1f} s); {n_layers} layers: theory "

@@ -7,7 +7,8 @@
 A step's speed on hardware with bf16 units depends on how much of its matmul work runs in bf16: on the AMD EPYC of
 issue 49 a bf16 matmul ran at 2,237 GFLOP/s against 343 in float32 (2 threads), so every float32 FLOP left in a "bf16"
 step costs about 6.5 bf16 FLOPs of time. This counts, with a ``TorchDispatchMode`` over every aten matmul that
-``torch.utils.flop_counter`` knows (mm, addmm, bmm, baddbmm: 2 m n k each), the FLOPs of one DPO step and one GRPO
+``torch.utils.flop_counter`` knows (mm, addmm, bmm, baddbmm: 2 m n k each) and ``aten.linear`` (which reaches the
+dispatcher undecomposed under inference mode: the reference pass), the FLOPs of one DPO step and one GRPO
 update (the batch of ``check_bf16.py``: 2 preference pairs, prompts ~100 tokens, completions ~118), split by the
 dtype the matmul ran in and by part: ``head`` = a matmul with the vocabulary (V) as one of its dimensions (the output
 layer, forward and backward), ``body`` = the rest (the decoder and LoRA). Attention's fused kernels are not counted
@@ -48,13 +49,17 @@ class MatmulFlops:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                count = flop_registry.get(func._overloadpacket)
-                if count is not None:
-                    import torch
+                import torch
 
+                count = flop_registry.get(func._overloadpacket)
+                if count is not None or func._overloadpacket is torch.ops.aten.linear:
                     mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
                     part = "head" if any(tally.vocab in a.shape for a in mats) else "body"
-                    tally.flops[(part, str(mats[-1].dtype))] += count(*args, **kwargs, out_val=out)
+                    if count is not None:
+                        flops = count(*args, **kwargs, out_val=out)
+                    else:  # aten.linear reaches the dispatcher whole where no autograd is recorded (inference mode)
+                        flops = 2 * args[0].numel() * args[1].shape[0]
+                    tally.flops[(part, str(mats[-1].dtype))] += flops
                 return out
 
         self.mode = _Mode()

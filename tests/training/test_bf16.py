@@ -236,7 +236,8 @@ def matmul_dtypes(fn) -> dict[str, set[torch.dtype]]:
 
     vocab = len(tokenizer())
     seen: dict[str, set[torch.dtype]] = {"head": set(), "body": set()}
-    matmuls = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
+    matmuls = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm,
+               torch.ops.aten.linear}  # (linear arrives whole under inference mode: the reference pass)
 
     class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
