@@ -44,8 +44,10 @@ estimated time at a 6.5x bf16/float32 peak ratio) -- while keeping the log-probs
 
 It applies when the output layer is frozen and has no bias (LoRA: the case it is for); when the weight or bias
 trains, or a bias is given, the float32 computation runs (a trained weight wants float32 gradients). The weight
-with its offset column is kept between calls (one V x (d + 16) copy per weight and dtype, 58 MB for SmolLM2 in
-bf16, rebuilt if the weight changes in place). This departs from TRL under ``bf16=True``, which takes plain bf16
+with its offset column is kept between calls (one V x d' copy per weight, d' = d + 1 rounded up to 16: 58 MB for
+SmolLM2 in bf16; rebuilt if the weight changes in place or another dtype is asked). The analysis assumes what the
+bf16/fp16 matmuls of oneDNN (CPU) and cuBLAS (CUDA) do: exact products, float32 accumulation, one rounding of the
+output (float16: u = 2^-11). This departs from TRL under ``bf16=True``, which takes plain bf16
 logits and upcasts them: on the tests' logits (|z| up to ~70, labels drawn from the softmax) the log-probs are
 6.0e-3 from the exact ones here against 0.18 with plain bf16 logits (30x closer).
 
