@@ -43,7 +43,8 @@ estimated time at a 6.5x bf16/float32 peak ratio) -- while keeping the log-probs
   float32 accumulation, the result rounded once (u).
 
 It applies when the output layer is frozen and has no bias (LoRA: the case it is for); when the weight or bias
-trains, or a bias is given, the float32 computation runs (a trained weight wants float32 gradients). The weight
+trains, or a bias is given, or the weight is a tensor subclass (a sharded DTensor under FSDP2), the float32
+computation runs (a trained weight wants float32 gradients). The weight
 with its offset column is kept between calls (one V x d' copy per weight, d' = d + 1 rounded up to 16: 58 MB for
 SmolLM2 in bf16; rebuilt if the weight changes in place or another dtype is asked). The analysis assumes what the
 bf16/fp16 matmuls of oneDNN (CPU) and cuBLAS (CUDA) do: exact products, float32 accumulation, one rounding of the
@@ -156,7 +157,8 @@ class _LinearLogps(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         early = need_h and not need_w and not need_b
         ctx.temperature, ctx.chunk_size, ctx.hidden_dtype = temperature, chunk_size, hidden.dtype
-        if matmul_dtype is not None and bias is None and not need_w:
+        plain = isinstance(weight, torch.Tensor) and type(weight) in (torch.Tensor, torch.nn.Parameter)
+        if matmul_dtype is not None and bias is None and not need_w and plain:  # (not a sharded DTensor weight)
             with torch.autocast(hidden.device.type, enabled=False):
                 logps, entropy, dlogp_dh = _low_precision_forward(hidden, weight, labels, temperature, chunk_size,
                                                                   with_entropy, need_h, matmul_dtype)
