@@ -217,8 +217,10 @@ def load_base_model(model_cfg, seed: int, tokenizer, device: torch.device):
     """The un-adapted model of ``model_cfg`` (``cfg.model``: name, dtype, 4-bit quantisation, the tiny model's shape),
     on ``device``; ``seed`` seeds the tiny model's random weights (``trainer.seed``)."""
     from prefzoo.models.lora import bnb_4bit_config
+    from prefzoo.models.precision import resolve_model_dtype
 
     m = model_cfg
+    resolve_model_dtype(m, device)  # (model.dtype=auto: a run has resolved it already)
     quant = bnb_4bit_config(torch.float32 if m.dtype == "float32" else getattr(torch, m.dtype)) \
         if m.quantization == "4bit" else None
     model = load_causal_lm(m.name, dtype=m.dtype, quantization_config=quant, seed=seed, tokenizer=tokenizer,

@@ -47,7 +47,8 @@ from torch import nn
 
 from prefzoo.errors import ConfigError
 
-__all__ = ["check_weight_dtype", "keep_trainable_float32", "native_bf16", "warn_if_emulated", "resolve_auto_dtype"]
+__all__ = ["check_weight_dtype", "keep_trainable_float32", "native_bf16", "warn_if_emulated", "resolve_auto_dtype",
+           "resolve_model_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,17 @@ def resolve_auto_dtype(lora_enabled: bool, quantization: str, device: torch.devi
         return "float32", f"model.quantization={quantization} keeps its own storage"
     return "bfloat16", (f"this device ({where}) multiplies bf16 natively; the frozen base is bf16, the LoRA adapter and "
                         "its optimizer float32, log-probs and losses float32")
+
+
+def resolve_model_dtype(model_cfg, device: torch.device) -> tuple[str, str | None]:
+    """``model_cfg.dtype`` (``cfg.model``) with ``auto`` replaced IN PLACE by :func:`resolve_auto_dtype`'s choice for
+    ``device``: (the dtype, the reason when it was ``auto``, else None). Runs resolve it before writing config.yaml
+    (:func:`prefzoo.training.setup.resolve_precision`, which logs the reason); the model builders call this too, so a
+    config composed without a run (a benchmark, a notebook) loads what a run would."""
+    if model_cfg.dtype != "auto":
+        return model_cfg.dtype, None
+    model_cfg.dtype, why = resolve_auto_dtype(model_cfg.lora.enabled, model_cfg.quantization, device)
+    return model_cfg.dtype, why
 
 
 def warn_if_emulated(dtypes: dict[str, str | None], device: torch.device) -> None:

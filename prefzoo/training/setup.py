@@ -22,7 +22,7 @@ from prefzoo.data.tasks import get_task
 from prefzoo.errors import ConfigError
 from prefzoo.models.loading import cache_dir, load_base_model
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.models.precision import resolve_auto_dtype
+from prefzoo.models.precision import resolve_model_dtype
 from prefzoo.rewards import make_reward
 from prefzoo.types import LossTokens
 
@@ -43,10 +43,9 @@ def resolve_precision(cfg: Config, device: torch.device) -> None:
     """``model.dtype=auto`` replaced, in place, by :func:`prefzoo.models.precision.resolve_auto_dtype`'s choice for
     ``device``, logged once with the reason; the run's ``config.yaml``, its resume check and its model card then
     record what was used. Any other value is left as it is."""
-    m = cfg.model
-    if m.dtype == "auto":
-        m.dtype, why = resolve_auto_dtype(m.lora.enabled, m.quantization, device)
-        log.info("model.dtype=auto: %s (%s)", m.dtype, why)
+    dtype, why = resolve_model_dtype(cfg.model, device)
+    if why is not None:
+        log.info("model.dtype=auto: %s (%s)", dtype, why)
 
 
 def task_prompts(cfg: Config, tokenizer) -> tuple[PromptSet, PromptSet]:

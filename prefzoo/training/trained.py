@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from prefzoo.config import Config, ModelConfig
 from prefzoo.errors import ConfigError, ModelError, RunFolderError
 from prefzoo.models.loading import load_base_model, load_causal_lm, load_tokenizer
+from prefzoo.models.precision import resolve_model_dtype
 from prefzoo.models.reference import Reference
 from prefzoo.training.layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
 from prefzoo.models.files import pickled_adapter
@@ -162,7 +163,8 @@ def build_teacher(cfg: Config, spec: str, tokenizer, device: torch.device) -> Re
                 raise ConfigError(f"{who}: the teacher's tokenizer ({len(teacher_tok)} tokens) is not the student's "
                                   f"({cfg.model.name}, {len(tokenizer)} tokens); distillation compares next-token "
                                   "distributions over one vocabulary.")
-        model = load_causal_lm(name, dtype=cfg.model.dtype, tokenizer=tokenizer, seed=cfg.trainer.seed,
+        model = load_causal_lm(name, dtype=resolve_model_dtype(cfg.model, device)[0], tokenizer=tokenizer,
+                               seed=cfg.trainer.seed,
                                tiny_kwargs={"hidden_size": cfg.model.tiny_hidden_size,
                                             "num_layers": cfg.model.tiny_layers}).to(device)
         kind = "model"

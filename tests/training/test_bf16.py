@@ -449,6 +449,21 @@ def test_an_auto_run_records_the_dtype_it_used(monkeypatch, tmp_path, caplog):
     assert "**Dtype:** bfloat16" in (run / "adapter" / "README.md").read_text()
 
 
+def test_a_config_built_without_a_run_resolves_auto_as_a_run_would(monkeypatch):
+    """``build_policy`` on a composed config with ``model.dtype=auto`` (a benchmark's or a notebook's path, no run to
+    resolve it first): bf16 base weights where bf16 is native, float32 where it is not; the config then says which."""
+    import prefzoo.models.precision as precision
+
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(precision, "native_bf16", lambda device, native=native: native)
+        cfg = Config(algo=DPOConfig(), model=ModelConfig(name="tiny", lora=lora_settings(), dtype="auto"),
+                     trainer=TrainerConfig(device="cpu"))
+        built = build(DPO(cfg.algo, resolve_objective(cfg)), cfg, fresh=True)
+        frozen = {p.dtype for n, p in built.model.named_parameters() if not p.requires_grad}
+        assert frozen == {want} and cfg.model.dtype == str(want).removeprefix("torch.")
+        assert {p.dtype for p in built.model.parameters() if p.requires_grad} == {torch.float32}
+
+
 def test_native_bf16_on_a_cpu_needs_bf16_units_not_just_avx512(monkeypatch):
     """oneDNN calls any AVX-512 CPU bf16-capable, but without ``avx512_bf16`` (or AMX, or Arm's ``bf16``) its bf16
     matmuls are converted in software: on this project's Intel Xeon (AVX-512, no avx512_bf16) a 1024^3 matmul ran at
