@@ -43,8 +43,9 @@ class FastPathConfig:
 @dataclass
 class ModelConfig:
     name: str = "smollm2"  # smollm2 | tiny | a Hugging Face id | a local directory
-    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto: the frozen base weights; what trains stays float32
-    # (needs LoRA); auto: bfloat16 where the device has native bf16 and LoRA is on, else float32 (models.precision)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16: the frozen base weights; what trains stays float32
+    # (bf16/fp16 need LoRA); auto (the default): bfloat16 where the device has native bf16 and LoRA is on, else
+    # float32 (models.precision; docs/benchmarks.md "bf16 by default": the accuracy check that made it the default)
     compute_dtype: Optional[str] = None  # autocast dtype of the forwards over float32 weights (bfloat16); None: dtype
     fast: FastPathConfig = field(default_factory=FastPathConfig)
     quantization: str = "none"  # none | 4bit (nf4 via bitsandbytes; QLoRA)

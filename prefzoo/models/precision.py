@@ -135,12 +135,14 @@ def warn_if_emulated(dtypes: dict[str, str | None], device: torch.device) -> Non
     bf16 = [f"{k}={v}" for k, v in dtypes.items() if v == "bfloat16"]
     if bf16 and not native_bf16(device):
         log.warning("%s on %s: this device has no native bf16 matmuls (bf16 is emulated, typically 5-40x slower "
-                    "than float32 here); keep float32 (the default) on this machine.", " and ".join(bf16),
+                    "than float32 here); use model.dtype=float32 or auto (the default: float32 here) on this machine.",
+                    " and ".join(bf16),
                     torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else device)
     fp16 = [f"{k}={v}" for k, v in dtypes.items() if v == "float16"]
     if fp16 and device.type == "cpu":
         log.warning("%s on the CPU: CPUs have no float16 matmul kernels (float16 is emulated: a matmul ran about "
-                    "100x slower than in float32 on a 2-core AMD EPYC); keep float32 (the default) on a CPU.",
+                    "100x slower than in float32 on a 2-core AMD EPYC); use float32 (model.dtype=auto, the default, "
+                    "gives it on a CPU) on a CPU.",
                     " and ".join(fp16))
 
 

@@ -254,7 +254,10 @@ def build_value_model(cfg, spec: ValueHeadSpec, model: nn.Module, device: torch.
     mode, head_init = spec.adapter, spec.init
     check_value_adapter(mode, cfg.model.gradient_checkpointing)
     m = cfg.model
-    meta = {"model": m.name, "dtype": m.dtype, "quantization": m.quantization, "seed": cfg.trainer.seed,
+    from prefzoo.models.precision import resolve_model_dtype
+
+    meta = {"model": m.name, "dtype": resolve_model_dtype(m, device)[0], "quantization": m.quantization,
+            "seed": cfg.trainer.seed,
             "tiny_hidden_size": m.tiny_hidden_size, "tiny_layers": m.tiny_layers, "value_adapter": mode,
             "data": _plain(cfg.data)}
     if meta["data"].get("path") and Path(meta["data"]["path"]).exists():  # usable from any working directory

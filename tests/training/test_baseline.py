@@ -168,15 +168,23 @@ def test_a_damaged_stored_evaluation_is_computed_again_and_replaced(tmp_path, mo
     assert "result" in json.loads(stored.read_text())
 
 
-def test_the_settings_of_make_train_name_a_shipped_evaluation_made_where_make_train_runs():
+def test_the_settings_of_make_train_name_a_shipped_evaluation_made_where_make_train_runs(monkeypatch):
     """`make train` (python train.py, no override) finds the shipped evaluation on a machine like the one that made it:
     the key of the default settings under the shipped file's environment is the file's name, that environment's
     torch is the Makefile's, and the file holds the metrics a DPO evaluation reports (without the preference accuracy,
-    computed every time)."""
+    computed every time). The file was made on a CPU without bf16 units, where the default model.dtype=auto is
+    float32 (resolved as the run resolves it, before the key); on one with them the run evaluates its bf16 start."""
+    import prefzoo.models.precision as precision
+    from prefzoo.training.setup import resolve_precision
+
     files = sorted(baseline.SHIPPED.glob("*.json"))
     assert files, baseline.SHIPPED
     shipped = json.loads(files[0].read_text())
     cfg = typed()
+    assert cfg.model.dtype == "auto"
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    resolve_precision(cfg, torch.device("cpu"))
+    assert shipped["key"]["model"]["dtype"] == cfg.model.dtype == "float32"
     name, _ = baseline.starting_key(cfg, reference=True, num_samples=0, env=shipped["key"]["environment"])
     assert [f.stem for f in files] == [name]
     spec = re.search(r"^TORCH_SPEC \?= torch==(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)

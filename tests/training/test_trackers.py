@@ -167,11 +167,14 @@ def expected_scalars(run) -> dict[int, dict[str, float]]:
 
 
 def train(overrides: list[str], run) -> None:
-    """The command line's run in ``run``: the resolved config.yaml written first, then the Trainer."""
+    """The command line's run in ``run``: model.dtype=auto resolved and the config.yaml written first (prefzoo.cli),
+    then the Trainer."""
     from prefzoo.training.loop import write_resolved_config
+    from prefzoo.training.setup import pick_device, resolve_precision
 
     cfg = compose(overrides)
     run.mkdir(parents=True)
+    resolve_precision(cfg, pick_device(cfg.trainer.device))
     write_resolved_config(cfg, run)
     Trainer(cfg, run).run()
 
