@@ -122,8 +122,8 @@ def _low_precision_forward(hidden: Tensor, weight: Tensor, labels: Tensor, tempe
     h_off = torch.zeros((min(chunk_size, n), w_off.shape[1]), dtype=dtype, device=hidden.device)
     for s in range(0, n, chunk_size):
         e = min(s + chunk_size, n)
-        h, y = hidden[s:e], labels[s:e]
-        z_y = (h.float() * weight[y].float()).sum(-1)  # the label's logit, float32
+        h, y = hidden[s:e].to(dtype), labels[s:e]  # (float32 states under autocast: rounded once, as autocast does)
+        z_y = (h.float() * weight[y].to(dtype).float()).sum(-1)  # the label's logit of these numbers, float32
         c = z_y.to(dtype)
         rows = h_off[: e - s]
         rows[:, :d] = h

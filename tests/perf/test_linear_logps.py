@@ -302,3 +302,18 @@ def test_low_precision_falls_back_to_float32_where_the_output_layer_trains_or_ha
         assert torch.equal(low, plain)
     with pytest.raises(ObjectiveError, match="matmul_dtype"):
         linear_token_logps(h, w, y, matmul_dtype=torch.float64)
+
+
+def test_low_precision_rounds_float32_inputs_once_as_autocast_does():
+    """Float32 hidden states and weight (autocast over float32 weights) with matmul_dtype=bf16: exactly the result for
+    the same numbers rounded to bf16 first, log-probs and the gradient of h (kind 1: the same operations on the same
+    numbers), so the label's logit and the others come from one set of inputs."""
+    h, w, _, y, up = inputs(torch.float32)
+    h = h.detach().requires_grad_(True)
+    got, _ = linear_token_logps(h, w, y, matmul_dtype=torch.bfloat16)
+    hb = h.detach().bfloat16().float().requires_grad_(True)
+    want, _ = linear_token_logps(hb, w.bfloat16().float(), y, matmul_dtype=torch.bfloat16)
+    assert torch.equal(got, want)
+    (g,) = torch.autograd.grad((got * up).sum(), [h])
+    (gw,) = torch.autograd.grad((want * up).sum(), [hb])
+    assert torch.equal(g, gw)

@@ -45,11 +45,11 @@ over the fast paths (fused log-probs, packed rows for DPO, fused LoRA, shared pr
 bf16 since 2026-12-06) and the plain ones:
 
     quantity, in units of                 DPO autocast   DPO bf16       GRPO autocast  GRPO bf16      tolerance
-    log-probs (s_t), max over tokens      4.0e-2 3.8e-2  4.0e-2 4.5e-2  3.3e-2 2.9e-2  2.2e-2 2.7e-2  7.3e-2
+    log-probs (s_t), max over tokens      3.9e-2 3.8e-2  4.0e-2 4.5e-2  3.0e-2 2.9e-2  2.2e-2 2.7e-2  7.3e-2
     log-ratios (sqrt sum s^2 + s_ref^2)   1.5e-2 1.5e-2  1.3e-2 1.4e-2  1.2e-2 1.2e-2  1.0e-2 1.1e-2  7.3e-2
-    loss (sqrt sum dL/dr^2 (s^2+s_ref^2)) 3.3e-3 8.3e-5  4.0e-3 7.9e-3  3.3e-3 2.3e-4  6.7e-4 2.5e-3  7.3e-2
-    loss, relative (not bounded)          7.7e-4 1.9e-5  9.3e-4 1.8e-3  8.1e-3 5.6e-4  1.6e-3 6.1e-3  -
-    LoRA gradients, relative              3.2e-2 3.4e-2  3.3e-2 4.1e-2  1.8e-2 2.0e-2  2.1e-2 2.1e-2  9.8e-2
+    loss (sqrt sum dL/dr^2 (s^2+s_ref^2)) 2.1e-3 8.3e-5  4.0e-3 7.9e-3  1.6e-3 2.3e-4  6.7e-4 2.5e-3  7.3e-2
+    loss, relative (not bounded)          4.9e-4 1.9e-5  9.3e-4 1.8e-3  3.8e-3 5.6e-4  1.6e-3 6.1e-3  -
+    LoRA gradients, relative              3.1e-2 3.4e-2  3.3e-2 4.1e-2  1.9e-2 2.0e-2  2.1e-2 2.1e-2  9.8e-2
 
 The log-probs' and log-ratios' errors are what the theory predicts (sigma_f = 1.46e-2 rms; the max over the 24-38
 tokens of a run is about 2.5 sigma_f = 3.6e-2); the gradients' reach 2 sigma_g (the backward's sensitivities
