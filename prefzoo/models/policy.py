@@ -54,6 +54,7 @@ from prefzoo.models.body import body_and_head, completion_hidden, logits_are_hea
 from prefzoo.models.reference import Reference
 from prefzoo.models.packing import pack_batch, packed_forward_kwargs, packed_states, packing_mode
 from prefzoo.objective import TokenLogits, linear_token_logps, support_log_mass, token_entropy, token_logps
+from prefzoo.objective.linear_logps import LOW_PRECISION
 
 log = logging.getLogger(__name__)
 
@@ -184,10 +185,9 @@ class CausalLMPolicy:
         output layer's own dtype when bf16/fp16 (``model.dtype=bfloat16``), else None (float32). The log-probs stay
         float32 either way (:func:`prefzoo.objective.linear_token_logps`, ``matmul_dtype``: logits relative to the
         label's, within a derived bound of float32 logits)."""
-        low = (torch.bfloat16, torch.float16)
-        if self.compute_dtype in low:
+        if self.compute_dtype in LOW_PRECISION:
             return self.compute_dtype
-        return head.weight.dtype if head.weight.dtype in low else None
+        return head.weight.dtype if head.weight.dtype in LOW_PRECISION else None
 
     def _states(self, body: nn.Module, batch: SequenceBatch) -> Tensor:
         """The body's final hidden states at the counted positions (those predicting completion tokens), (N, d)."""

@@ -32,7 +32,7 @@ from prefzoo.config import Config
 from prefzoo.models.loading import DTYPES, load_base_model, load_tokenizer
 from prefzoo.models.lora import wrap_trainable
 from prefzoo.models.policy import CausalLMPolicy
-from prefzoo.models.precision import check_weight_dtype, keep_trainable_float32, resolve_model_dtype, warn_if_emulated
+from prefzoo.models.precision import check_weight_dtype, keep_trainable_float32, warn_if_emulated
 from prefzoo.models.reference import Reference, make_reference
 from prefzoo.errors import ConfigError
 from prefzoo.types import RolloutEngine
@@ -74,7 +74,6 @@ def build_parts(cfg: Config, declaration: Declaration, tokenizer, device: torch.
     rollout engine (see the module docstring)."""
     start = time.perf_counter()
     m = cfg.model
-    resolve_model_dtype(m, device)  # (model.dtype=auto: a run has resolved it already)
     check_weight_dtype(m.dtype, m.lora.enabled, declaration.trains)
     warn_if_emulated({"model.dtype": m.dtype, "model.compute_dtype": m.compute_dtype}, device)
     model = load_base_model(m, cfg.trainer.seed, tokenizer, device)
